@@ -1,0 +1,1 @@
+"""HALO's Streamlit dashboard over a lake."""

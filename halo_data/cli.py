@@ -1,0 +1,310 @@
+"""``halo-data``: query and maintain a HALO lake. Thin over ``halo_data``'s library.
+
+    halo-data "select task_id, count(*) from episodes group by 1"      # query is the default
+    echo "select * from dpo_pairs limit 3" | halo-data query - --nl
+    halo-data views
+    halo-data export dpo_pairs out/dpo.jsonl --where "score_margin > 0.5"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from halo_data.lake import Lake, LakeError
+
+LAKE_OPTION = click.option(
+    "--lake",
+    "lake_path",
+    default=lambda: os.environ.get("HALO_LAKE", "lake"),
+    show_default="lake/ or $HALO_LAKE",
+    help="Lake root (a path or an object-store URI).",
+)
+
+
+class DefaultGroup(click.Group):
+    """A group whose unknown first argument is passed to a default command (``query``)."""
+
+    default_command = "query"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_cli(func):
+    """Turn library errors into one ``Error: ...`` line and a non-zero exit."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except LakeError as e:
+            fail(str(e))
+        except BrokenPipeError:
+            raise
+        except (ValueError, FileNotFoundError, PermissionError, OSError) as e:
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+def _view_params(params: tuple[str, ...], top_percent: float | None = None) -> dict[str, Any]:
+    from halo_data.config import parse_params
+
+    out: dict[str, Any] = dict(parse_params(params))
+    if top_percent is not None:
+        out["top_percent"] = top_percent
+    for k, v in list(out.items()):
+        if k != "dpo_pairing":
+            try:
+                out[k] = float(v)
+            except ValueError:
+                raise ValueError(f"parameter {k} must be a number, got {v!r}") from None
+    return out
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="halo", message="halo %(version)s")
+def main() -> None:
+    """Query and maintain a HALO lake: Delta tables of agent steps, and the SQL views over them."""
+
+
+@main.command()
+@click.argument("path", default=lambda: os.environ.get("HALO_LAKE", "lake"))
+@run_cli
+def init(path: str) -> None:
+    """Create a lake at PATH (meta/info.json and every table). Safe to run again."""
+    lake = Lake.init(path)
+    click.echo(f"lake ready at {lake.root} (format version {lake.info.format_version})")
+
+
+@main.command()
+@click.argument("sql")
+@LAKE_OPTION
+@click.option("--table", "fmt", flag_value="table", help="Output as a table (the default on a terminal).")
+@click.option("--json", "fmt", flag_value="json", help="Output a JSON array (the default when piped).")
+@click.option("--nl", "fmt", flag_value="nl", help="Output newline-delimited JSON.")
+@click.option("--csv", "fmt", flag_value="csv", help="Output CSV.")
+@click.option("--parquet", "parquet_file", type=click.Path(dir_okay=False), help="Write the result to a Parquet FILE.")
+@click.option("--as-of", help="Read an older snapshot: N (steps version), TABLE=N[,TABLE=N], or an ISO time.")
+@click.option("-p", "--param", "named", nargs=2, multiple=True, metavar="NAME VALUE", help="Named SQL parameter ($NAME).")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, w_<component>.")
+@run_cli
+def query(sql: str, lake_path: str, fmt: str | None, parquet_file: str | None, as_of: str | None, named, view_params) -> None:
+    """Run read-only SQL (or - for stdin) against the lake's tables and views."""
+    from halo_data import output
+    from halo_data.query import run_query
+
+    if sql == "-":
+        sql = sys.stdin.read()
+    lake = Lake.open(lake_path)
+    table = run_query(lake, sql, parameters=dict(named), as_of=as_of, params=_view_params(view_params))
+    if parquet_file:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, parquet_file)
+        click.echo(f"{table.num_rows} rows written to {parquet_file}", err=True)
+        return
+    fmt = fmt or ("table" if sys.stdout.isatty() else "json")
+    writer = {"table": output.write_table, "json": output.write_json, "nl": output.write_nl, "csv": output.write_csv}[fmt]
+    writer(table, sys.stdout)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Output JSON.")
+def views(as_json: bool) -> None:
+    """List every view with what one of its rows is."""
+    from halo_data.views import all_views
+
+    vs = all_views()
+    if as_json:
+        click.echo(json.dumps([{"view": v.name, "description": v.description} for v in vs], indent=2))
+        return
+    width = max(len(v.name) for v in vs)
+    for v in vs:
+        click.echo(f"{v.name.ljust(width)}  {v.description}")
+
+
+@main.command()
+@click.argument("name")
+@LAKE_OPTION
+@run_cli
+def describe(name: str, lake_path: str) -> None:
+    """Columns and types of a table or view (with each table column's documentation)."""
+    from halo_data import schema as S
+    from halo_data.reader import RAW_TABLE_NAMES
+    from halo_data.views import view_names
+
+    if name not in S.TABLES and name not in view_names() and name not in RAW_TABLE_NAMES.values():
+        fail(f"unknown table or view {name!r}: tables are {', '.join(S.TABLES)}; `halo-data views` lists the views")
+    lake = Lake.open(lake_path)
+    con = lake.connect()
+    try:
+        rows = con.execute(f'describe "{name}"').fetchall()
+    finally:
+        con.close()
+    spec = S.TABLES.get(name)
+    docs = {c.name: c.doc for c in spec.columns} if spec else {}
+    width = max(len(r[0]) for r in rows)
+    twidth = max(len(r[1]) for r in rows)
+    for r in rows:
+        click.echo(f"{r[0].ljust(width)}  {r[1].ljust(twidth)}  {docs.get(r[0], '')}".rstrip())
+
+
+@main.command()
+@click.argument("view")
+@click.argument("output", type=click.Path(dir_okay=False))
+@LAKE_OPTION
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Default: from OUTPUT's suffix.")
+@click.option("--where", help="SQL filter on the view's columns.")
+@click.option("--top-percent", type=float, help="Top-percent cut of progress_ranking (bc_rows).")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, w_<component>.")
+@click.option("--as-of", help="Read an older snapshot (see query).")
+@run_cli
+def export(view: str, output: str, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None, view_params, as_of: str | None) -> None:
+    """Write VIEW to OUTPUT: JSONL in TRL's column names (prompt/completion, prompt/chosen/rejected) or Parquet."""
+    from halo_data.ops import export as do_export
+
+    lake = Lake.open(lake_path)
+    n = do_export(lake, view, output, fmt=fmt, where=where, params=_view_params(view_params, top_percent), as_of=as_of)
+    click.echo(f"{n} rows of {view} written to {output}")
+
+
+@main.command("import")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@LAKE_OPTION
+@click.option("--run-id", help="Run id for the imported episodes (default: derived from each source).")
+@click.option("--format", "fmt", type=click.Choice(["auto", "agisdk", "jsonl"]), default="auto", show_default=True)
+@run_cli
+def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: str) -> None:
+    """Import agisdk result folders or per-episode JSONL trajectories."""
+    from halo_data.importers import import_sources
+
+    lake = Lake.open(lake_path)
+    report = import_sources(lake, list(sources), run_id=run_id, fmt=fmt)
+    click.echo(f"imported {report.episodes} episodes ({report.steps} steps) into {lake.root}")
+    if report.failures:
+        for f in report.failures:
+            click.echo(f"Error: {f}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--json", "as_json", is_flag=True)
+@run_cli
+def stats(lake_path: str, as_json: bool) -> None:
+    """Rows, files, bytes and version of every table."""
+    from halo_data import output
+    from halo_data.ops import stats as do_stats
+
+    rows = do_stats(Lake.open(lake_path))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        import pyarrow as pa
+
+        output.write_table(pa.Table.from_pylist(rows), sys.stdout)
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--target-size", type=int, help="Target file size in bytes.")
+@run_cli
+def compact(lake_path: str, target_size: int | None) -> None:
+    """Merge small files and drop screenshot copies. Readers of older snapshots are not disturbed."""
+    from halo_data.ops import compact as do_compact
+
+    report = do_compact(Lake.open(lake_path), target_size=target_size)
+    parts = [f"{t}: {m['files_removed']} -> {m['files_added']} files" for t, m in report["tables"].items() if m["files_removed"]]
+    click.echo(f"dropped {report['screenshot_copies_dropped']} screenshot copies; " + ("; ".join(parts) or "nothing to merge"))
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--retention-hours", type=int, default=168, show_default=True)
+@click.option("--dry-run", is_flag=True)
+@run_cli
+def vacuum(lake_path: str, retention_hours: int, dry_run: bool) -> None:
+    """Delete files no snapshot within the retention needs (ends time travel before it)."""
+    from halo_data.ops import vacuum as do_vacuum
+
+    out = do_vacuum(Lake.open(lake_path), retention_hours=retention_hours, dry_run=dry_run)
+    n = sum(len(v) for v in out.values())
+    click.echo(f"{'would delete' if dry_run else 'deleted'} {n} files")
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--all-versions", is_flag=True, help="Check the files of every snapshot, not only the current one.")
+@run_cli
+def validate(lake_path: str, all_versions: bool) -> None:
+    """Check every file is readable and matches the schema, and no episode step is stored twice."""
+    from halo_data.ops import validate as do_validate
+
+    problems = do_validate(Lake.open(lake_path), all_versions=all_versions)
+    if problems:
+        for p in problems:
+            click.echo(f"Error: {p}", err=True)
+        sys.exit(1)
+    click.echo("lake is valid")
+
+
+@main.command()
+@click.argument("run_id")
+@LAKE_OPTION
+@run_cli
+def quarantine(run_id: str, lake_path: str) -> None:
+    """Delete every row of RUN_ID (recoverable with --as-of until vacuumed)."""
+    from halo_data.ops import quarantine as do_quarantine
+
+    report = do_quarantine(Lake.open(lake_path), run_id)
+    n = sum(report["deleted_rows"].values())
+    as_of = ",".join(f"{t}={v}" for t, v in report["restore_as_of"].items())
+    click.echo(f"deleted {n} rows of run {run_id}; read them back with --as-of {as_of}")
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--port", type=int, default=8501, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@run_cli
+def dashboard(lake_path: str, port: int, host: str) -> None:
+    """Start the Streamlit dashboard on the lake."""
+    import subprocess
+    from pathlib import Path
+
+    import dashboards
+
+    app = Path(dashboards.__file__).parent / "app.py"
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.port", str(port), "--server.address", host, "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--", "--lake", lake_path,
+    ]
+    click.echo(f"HALO dashboard on http://{host}:{port} (lake {lake_path})", err=True)
+    sys.exit(subprocess.call(cmd))
+
+
+def entry() -> None:
+    try:
+        main()
+    except BrokenPipeError:  # `halo-data ... | head`
+        sys.stderr.close()
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,397 @@
+"""A HALO lake: one Delta table per table, plus ``meta/info.json``.
+
+    lake = Lake.init("lake")            # creates meta/info.json and every table, once
+    lake = Lake.open("lake")            # checks the format version
+    lake.append("train_metrics", table) # one atomic commit, retried under contention
+    con = lake.connect()                # DuckDB with every table and view registered
+    con.sql("select * from grpo_groups").pl()
+
+Readers go through each table's snapshot file list (never a folder glob, which
+would also see files that compaction or a delete removed), so a query always
+sees one whole version of every table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+
+from halo_data import schema as S
+
+log = logging.getLogger(__name__)
+
+INFO_PATH = "meta/info.json"
+# Measured: with the default of 15 retries, 8 processes appending at once gave up;
+# commits are cheap to retry, so allow many.
+MAX_COMMIT_RETRIES = 1000
+
+
+class LakeError(Exception):
+    """An error a user can act on; the CLI prints it as one ``Error: ...`` line."""
+
+
+class LakeNotFound(LakeError):
+    pass
+
+
+class LakeVersionError(LakeError):
+    pass
+
+
+@dataclasses.dataclass
+class LakeInfo:
+    """The content of ``meta/info.json``."""
+
+    format_version: int
+    tables: dict[str, dict[str, Any]]
+    created_at: str
+    created_by: str
+
+    @classmethod
+    def current(cls) -> "LakeInfo":
+        from halo_data import __version__
+
+        return cls(
+            format_version=S.FORMAT_VERSION,
+            tables={
+                name: {
+                    "partition_by": list(spec.partition_by),
+                    "doc": spec.doc,
+                    "columns": {c.name: {"type": str(c.type), "doc": c.doc} for c in spec.columns},
+                }
+                for name, spec in S.TABLES.items()
+            },
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            created_by=f"halo {__version__}",
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False)
+
+
+def _is_local(root: str) -> bool:
+    scheme = urllib.parse.urlparse(root).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def _local_path(root: str) -> Path:
+    if root.startswith("file://"):
+        return Path(urllib.parse.urlparse(root).path)
+    return Path(root)
+
+
+def duckdb_type(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "VARCHAR"
+    if pa.types.is_int64(t):
+        return "BIGINT"
+    if pa.types.is_int32(t):
+        return "INTEGER"
+    if pa.types.is_float64(t):
+        return "DOUBLE"
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "BLOB"
+    if pa.types.is_list(t):
+        return duckdb_type(t.value_type) + "[]"
+    raise TypeError(f"no DuckDB type for {t}")
+
+
+def conform(table: pa.Table, spec: S.TableSpec) -> pa.Table:
+    """Cast ``table`` to the spec's schema: missing columns become NULL, unknown ones are an error."""
+    unknown = [n for n in table.column_names if n not in spec.column_names]
+    if unknown:
+        raise LakeError(f"unknown column(s) for table {spec.name}: {', '.join(unknown)}")
+    cols = []
+    for c in spec.columns:
+        if c.name in table.column_names:
+            col = table.column(c.name)
+            cols.append(col if col.type == c.type else col.cast(c.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, c.type))
+    return pa.Table.from_arrays(cols, schema=spec.schema)
+
+
+def parse_as_of(as_of: str | int | None) -> dict[str, Any] | dt.datetime | None:
+    """``--as-of`` values: ``12`` (the steps table's version), ``steps=12,runs=3``, or an ISO time."""
+    if as_of is None or as_of == "":
+        return None
+    if isinstance(as_of, int):
+        return {"steps": as_of}
+    text = str(as_of).strip()
+    if text.isdigit():
+        return {"steps": int(text)}
+    if "=" in text:
+        out: dict[str, Any] = {}
+        for part in text.split(","):
+            name, _, v = part.partition("=")
+            name = name.strip()
+            if name not in S.TABLES:
+                raise LakeError(f"--as-of names unknown table {name!r}; tables are {', '.join(S.TABLES)}")
+            if not v.strip().isdigit():
+                raise LakeError(f"--as-of {name}={v!r}: a version is a non-negative integer")
+            out[name] = int(v)
+        return out
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise LakeError(
+            f"--as-of {text!r} is not a version: give N (steps), TABLE=N[,TABLE=N] or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when
+
+
+class Lake:
+    """An opened lake. Cheap to create; holds no open files."""
+
+    def __init__(self, root: str | os.PathLike[str], info: LakeInfo, storage_options: dict[str, str] | None = None):
+        self.root = str(root).rstrip("/")
+        self.info = info
+        self.storage_options = storage_options
+
+    # ------------------------------------------------------------------ open / init
+    @classmethod
+    def init(cls, root: str | os.PathLike[str], storage_options: dict[str, str] | None = None) -> "Lake":
+        """Create the lake (idempotent): ``meta/info.json`` and every table, before any writer starts."""
+        from deltalake import DeltaTable
+
+        root = str(root).rstrip("/")
+        existing = cls._read_info(root, storage_options)
+        if existing is not None:
+            lake = cls._from_info(root, existing, storage_options)
+        else:
+            lake = cls(root, LakeInfo.current(), storage_options)
+        for name, spec in S.TABLES.items():
+            uri = lake.table_uri(name)
+            if DeltaTable.is_deltatable(uri, storage_options=storage_options):
+                lake._evolve_schema(name)
+                continue
+            DeltaTable.create(
+                uri,
+                schema=spec.schema,
+                mode="ignore",
+                partition_by=list(spec.partition_by) or None,
+                name=name,
+                description=spec.doc,
+                storage_options=storage_options,
+            )
+        if existing is None:
+            lake._write_info()
+        return lake
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str] | None = None, storage_options: dict[str, str] | None = None) -> "Lake":
+        root = str(root or os.environ.get("HALO_LAKE") or "lake").rstrip("/")
+        info = cls._read_info(root, storage_options)
+        if info is None:
+            raise LakeNotFound(f"no HALO lake at {root}: create one with `halo-data init {root}` or pass --lake PATH")
+        return cls._from_info(root, info, storage_options)
+
+    @classmethod
+    def _from_info(cls, root: str, info: LakeInfo, storage_options) -> "Lake":
+        if info.format_version > S.FORMAT_VERSION:
+            raise LakeVersionError(
+                f"lake {root} has format version {info.format_version}, this HALO reads up to "
+                f"{S.FORMAT_VERSION}: upgrade HALO (pip install -U halo) to read it"
+            )
+        return cls(root, info, storage_options)
+
+    @classmethod
+    def _read_info(cls, root: str, storage_options) -> LakeInfo | None:
+        raw = cls._read_text(root, INFO_PATH, storage_options)
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return LakeInfo(
+                format_version=int(data["format_version"]),
+                tables=dict(data.get("tables", {})),
+                created_at=str(data.get("created_at", "")),
+                created_by=str(data.get("created_by", "")),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise LakeError(f"{root}/{INFO_PATH} is not a HALO lake info file ({e}): restore it or re-run `halo-data init`") from None
+
+    @staticmethod
+    def _read_text(root: str, rel: str, storage_options) -> str | None:
+        if _is_local(root):
+            p = _local_path(root) / rel
+            return p.read_text() if p.exists() else None
+        import pyarrow.fs as pafs
+
+        fs, base = pafs.FileSystem.from_uri(root)
+        path = f"{base}/{rel}"
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with fs.open_input_stream(path) as f:
+            return f.read().decode()
+
+    def _write_info(self) -> None:
+        text = LakeInfo.current().to_json() if self.info is None else self.info.to_json()
+        if _is_local(self.root):
+            p = _local_path(self.root) / INFO_PATH
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(".json.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, p)
+        else:
+            import pyarrow.fs as pafs
+
+            fs, base = pafs.FileSystem.from_uri(self.root)
+            with fs.open_output_stream(f"{base}/{INFO_PATH}") as f:
+                f.write(text.encode())
+
+    def _evolve_schema(self, name: str) -> None:
+        """Add columns this HALO knows and the table lacks (an older lake); never drops or retypes."""
+        from deltalake import DeltaTable, write_deltalake
+
+        spec = S.TABLES[name]
+        dtab = DeltaTable(self.table_uri(name), storage_options=self.storage_options)
+        have = {f.name for f in pa.schema(dtab.schema().to_arrow())}
+        if set(spec.column_names) <= have:
+            return
+        log.info("adding columns %s to %s", sorted(set(spec.column_names) - have), name)
+        write_deltalake(
+            dtab,
+            spec.schema.empty_table(),
+            mode="append",
+            schema_mode="merge",
+            partition_by=list(spec.partition_by) or None,
+            storage_options=self.storage_options,
+        )
+
+    # ------------------------------------------------------------------ tables
+    @property
+    def is_local(self) -> bool:
+        return _is_local(self.root)
+
+    def table_uri(self, name: str) -> str:
+        if name not in S.TABLES:
+            raise LakeError(f"unknown table {name!r}; tables are {', '.join(S.TABLES)}")
+        return f"{self.root}/{name}"
+
+    def table(self, name: str, version: int | dt.datetime | None = None):
+        from deltalake import DeltaTable
+
+        try:
+            dtab = DeltaTable(self.table_uri(name), storage_options=self.storage_options)
+            if version is not None:
+                dtab.load_as_version(version)
+        except LakeError:
+            raise
+        except Exception as e:  # delta-rs raises several types for a missing table/version
+            raise LakeError(f"cannot open table {name} of {self.root}{'' if version is None else f' at {version}'}: {e}") from None
+        return dtab
+
+    def versions(self) -> dict[str, int]:
+        """Current version of every table (what a training run records as lineage)."""
+        return {name: self.table(name).version() for name in S.TABLES}
+
+    def files(self, name: str, version: int | dt.datetime | None = None) -> list[str]:
+        uris = self.table(name, version).file_uris()
+        return [_local_path(u).as_posix() if u.startswith("file://") else u for u in uris]
+
+    def append(self, name: str, data: pa.Table, retries: int = MAX_COMMIT_RETRIES) -> int:
+        """Append rows in one commit; returns the new table version."""
+        from deltalake import CommitProperties, write_deltalake
+
+        spec = S.TABLES[name]
+        data = conform(data, spec)
+        if data.num_rows == 0:
+            return self.table(name).version()
+        write_deltalake(
+            self.table_uri(name),
+            data,
+            mode="append",
+            partition_by=list(spec.partition_by) or None,
+            storage_options=self.storage_options,
+            commit_properties=CommitProperties(max_commit_retries=retries),
+        )
+        return self.table(name).version()
+
+    def upsert_runs(self, rows: list[Mapping[str, Any]]) -> None:
+        """Insert or update ``runs`` rows by run_id (a resumed run keeps one row)."""
+        from deltalake import CommitProperties
+
+        if not rows:
+            return
+        data = conform(pa.Table.from_pylist([dict(r) for r in rows]), S.RUNS)
+        for attempt in range(20):
+            try:
+                (
+                    self.table("runs")
+                    .merge(
+                        data,
+                        predicate="t.run_id = s.run_id",
+                        source_alias="s",
+                        target_alias="t",
+                        commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES),
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+                return
+            except Exception as e:  # a concurrent merge on the same rows is a conflict, not a failure
+                if "conflict" not in str(e).lower() or attempt == 19:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        current = self.query_arrow("select * from runs where run_id = $run_id", {"run_id": run_id}).to_pylist()
+        if not current:
+            raise LakeError(f"no run {run_id!r} in {self.root}")
+        row = {**current[0], **fields}
+        self.upsert_runs([row])
+
+    # ------------------------------------------------------------------ reading
+    def connect(self, as_of: Any = None, params: Any = None, views: bool = True):
+        """A DuckDB connection with every table (as of a snapshot) and every view registered."""
+        from halo_data.reader import connect
+
+        return connect(self, as_of=as_of, params=params, views=views)
+
+    def query_arrow(self, sql: str, parameters: Mapping[str, Any] | None = None, **connect_kw: Any) -> pa.Table:
+        con = self.connect(**connect_kw)
+        try:
+            from halo_data.reader import sql_arrow
+
+            return sql_arrow(con, sql, dict(parameters or {}))
+        finally:
+            con.close()
+
+    def episode_ids(self, run_id: str) -> set[str]:
+        """Episode ids already committed for a run (what ``--resume`` skips)."""
+        con = self.connect(views=False)
+        try:
+            rows = con.execute(
+                "select distinct episode_id from steps where run_id = $r", {"r": run_id}
+            ).fetchall()
+        finally:
+            con.close()
+        return {r[0] for r in rows}
+
+    def __repr__(self) -> str:
+        return f"Lake({self.root!r})"
+
+
+def open_lake(root: str | None = None) -> Lake:
+    return Lake.open(root)
+
+
+def iter_tables() -> Iterable[S.TableSpec]:
+    return S.TABLES.values()

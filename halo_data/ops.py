@@ -1,0 +1,263 @@
+"""Lake maintenance and export: stats, compact, vacuum, validate, quarantine, export.
+
+Each is a plain function the CLI calls; a user can do the same from Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from halo_data import schema as S
+from halo_data.lake import MAX_COMMIT_RETRIES, Lake, LakeError, conform
+from halo_data.reader import sql_arrow
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- stats
+def stats(lake: Lake) -> list[dict[str, Any]]:
+    """Rows, files, bytes and version of every table."""
+    out = []
+    for name in S.TABLES:
+        dtab = lake.table(name)
+        actions = pa.table(dtab.get_add_actions(flatten=True))
+        rows = sum(v or 0 for v in actions.column("num_records").to_pylist()) if actions.num_rows else 0
+        size = sum(actions.column("size_bytes").to_pylist()) if actions.num_rows else 0
+        out.append({"table": name, "rows": rows, "files": actions.num_rows, "bytes": size, "version": dtab.version()})
+    return out
+
+
+# ---------------------------------------------------------------------- compact / vacuum
+def _duplicate_screenshot_prefixes(lake: Lake) -> list[str]:
+    con = lake.connect(views=False)
+    try:
+        rows = con.execute(
+            "select hash_prefix from screenshots_all group by hash_prefix having count(*) > count(distinct hash)"
+        ).fetchall()
+    finally:
+        con.close()
+    return sorted(r[0] for r in rows)
+
+
+def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
+    """Drop screenshot copies, then merge small files of every table.
+
+    Each step is one Delta commit, so a reader holding an older snapshot keeps
+    reading it, and a compaction killed midway leaves a consistent table that the
+    next ``compact`` finishes.
+    """
+    from deltalake import CommitProperties, write_deltalake
+
+    report: dict[str, Any] = {"screenshot_copies_dropped": 0, "tables": {}}
+    for prefix in _duplicate_screenshot_prefixes(lake):
+        con = lake.connect(views=False)
+        try:
+            before = con.execute("select count(*) from screenshots_all where hash_prefix = $p", {"p": prefix}).fetchone()[0]
+            dedup = sql_arrow(
+                con,
+                """select * from screenshots_all where hash_prefix = $p
+                   qualify row_number() over (partition by hash order by created_at) = 1""",
+                {"p": prefix},
+            )
+        finally:
+            con.close()
+        write_deltalake(
+            lake.table_uri("screenshots"),
+            conform(dedup, S.SCREENSHOTS),
+            mode="overwrite",
+            predicate=f"hash_prefix = '{prefix}'",
+            partition_by=list(S.SCREENSHOTS.partition_by),
+            storage_options=lake.storage_options,
+            commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES),
+        )
+        report["screenshot_copies_dropped"] += before - dedup.num_rows
+    for name in S.TABLES:
+        dtab = lake.table(name)
+        kwargs: dict[str, Any] = {"commit_properties": CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES)}
+        if target_size:
+            kwargs["target_size"] = target_size
+        metrics = dtab.optimize.compact(**kwargs)
+        report["tables"][name] = {
+            "files_removed": metrics.get("numFilesRemoved", 0),
+            "files_added": metrics.get("numFilesAdded", 0),
+        }
+    return report
+
+
+def vacuum(lake: Lake, retention_hours: int = 168, dry_run: bool = False) -> dict[str, list[str]]:
+    """Delete files no snapshot newer than ``retention_hours`` needs. Ends time travel past that point."""
+    out = {}
+    for name in S.TABLES:
+        out[name] = lake.table(name).vacuum(
+            retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- validate
+@dataclasses.dataclass
+class Problem:
+    table: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.table}: {self.message}"
+
+
+def _check_file(name: str, path: str, expected_rows: int | None, spec: S.TableSpec) -> Iterator[Problem]:
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # any failure to decode is what validate exists to find
+        yield Problem(name, f"unreadable file {path}: {str(e).splitlines()[0]}")
+        return
+    if expected_rows is not None and table.num_rows != expected_rows:
+        yield Problem(name, f"{path} has {table.num_rows} rows, the log says {expected_rows}")
+    for field in table.schema:
+        if field.name in spec.column_names:
+            want = spec.column(field.name).type
+            if not (field.type == want or (pa.types.is_list(want) and pa.types.is_list(field.type))):
+                yield Problem(name, f"{path}: column {field.name} is {field.type}, expected {want}")
+
+
+def validate(lake: Lake, all_versions: bool = False) -> list[Problem]:
+    """Every file of the snapshot readable and matching the schema; no duplicate episode steps."""
+    problems: list[Problem] = []
+    for name, spec in S.TABLES.items():
+        try:
+            dtab = lake.table(name)
+        except LakeError as e:
+            problems.append(Problem(name, str(e)))
+            continue
+        versions = range(0, dtab.version() + 1) if all_versions else [dtab.version()]
+        seen: set[str] = set()
+        for v in versions:
+            snap = lake.table(name, v) if all_versions else dtab
+            actions = pa.table(snap.get_add_actions(flatten=True)).to_pylist()
+            root = lake.table_uri(name)
+            for a in actions:
+                path = a["path"] if a["path"].startswith(("/", "file:")) else f"{root}/{a['path']}"
+                if path.startswith("file://"):
+                    path = path[len("file://"):]
+                if path in seen:
+                    continue
+                seen.add(path)
+                if not lake.is_local:
+                    continue
+                if not Path(path).exists():
+                    problems.append(Problem(name, f"missing file {path} (version {v})"))
+                    continue
+                problems.extend(_check_file(name, path, a.get("num_records"), spec))
+    if any(p.table == "steps" for p in problems):
+        return problems
+    con = lake.connect(views=False)
+    try:
+        dup = con.execute(
+            "select episode_id, step_idx, count(*) from steps group by all having count(*) > 1 limit 5"
+        ).fetchall()
+        for eid, idx, n in dup:
+            problems.append(Problem("steps", f"episode {eid} step {idx} is stored {n} times"))
+        mixed = con.execute(
+            """select episode_id from steps group by episode_id
+               having count(distinct run_id) > 1 or count(distinct task_id) > 1 limit 5"""
+        ).fetchall()
+        for (eid,) in mixed:
+            problems.append(Problem("steps", f"episode {eid} has rows of different runs or tasks"))
+        runs_dup = con.execute("select run_id from runs group by run_id having count(*) > 1").fetchall()
+        for (rid,) in runs_dup:
+            problems.append(Problem("runs", f"run {rid} has more than one row"))
+    finally:
+        con.close()
+    return problems
+
+
+# ---------------------------------------------------------------------- quarantine
+def quarantine(lake: Lake, run_id: str) -> dict[str, Any]:
+    """Delete every row of a run. Recoverable with ``--as-of`` (the versions returned) until vacuumed."""
+    from deltalake import CommitProperties
+
+    before = lake.versions()
+    con = lake.connect(views=False)
+    try:
+        found = con.execute(
+            """select (select count(*) from runs where run_id = $r) + (select count(*) from steps where run_id = $r)
+                 + (select count(*) from train_metrics where run_id = $r)""",
+            {"r": run_id},
+        ).fetchone()[0]
+    finally:
+        con.close()
+    if not found:
+        raise LakeError(f"no run {run_id!r} in {lake.root}: `halo-data query \"select run_id from runs\"` lists them")
+    deleted = {}
+    for name, spec in S.TABLES.items():
+        if "run_id" not in spec.column_names:
+            continue
+        metrics = lake.table(name).delete(
+            predicate=f"run_id = '{run_id}'",
+            commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES),
+        )
+        deleted[name] = metrics.get("num_deleted_rows", 0)
+    return {"run_id": run_id, "deleted_rows": deleted, "restore_as_of": before}
+
+
+# ---------------------------------------------------------------------- export
+TRL_COLUMNS = {
+    "bc_rows": ("prompt", "completion"),
+    "dpo_pairs": ("prompt", "chosen", "rejected"),
+    "grpo_groups": ("prompt", "completion"),
+}
+
+
+def view_rows(lake: Lake, view: str, where: str | None = None, params: Any = None, as_of: Any = None, limit: int | None = None) -> pa.Table:
+    """Rows of a view, filtered by a SQL ``where`` (read-only checked)."""
+    from halo_data.query import run_query
+    from halo_data.views import get_view
+
+    get_view(view)
+    sql = f'select * from "{view}"'
+    if where:
+        sql += f" where {where}"
+    if limit:
+        sql += f" limit {int(limit)}"
+    return run_query(lake, sql, as_of=as_of, params=params)
+
+
+def to_trl_records(view: str, table: pa.Table) -> Iterator[dict[str, Any]]:
+    """Rows in TRL's conversational column names: prompt (messages) and completion / chosen / rejected (assistant turns)."""
+    cols = TRL_COLUMNS.get(view)
+    for row in table.to_pylist():
+        if not cols:
+            yield row
+            continue
+        rec: dict[str, Any] = {"prompt": json.loads(row["prompt"])}
+        for c in cols[1:]:
+            rec[c] = [{"role": "assistant", "content": row[c]}]
+        for k, v in row.items():
+            if k not in rec and k != "prompt":
+                rec[k] = v
+        yield rec
+
+
+def export(lake: Lake, view: str, output: str | Path, fmt: str | None = None, where: str | None = None, params: Any = None, as_of: Any = None) -> int:
+    """Write a view to JSONL (TRL column names) or Parquet; returns the row count."""
+    output = Path(output)
+    fmt = fmt or ("parquet" if output.suffix == ".parquet" else "jsonl")
+    table = view_rows(lake, view, where=where, params=params, as_of=as_of)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    if fmt == "parquet":
+        pq.write_table(table, tmp)
+    elif fmt == "jsonl":
+        with open(tmp, "w") as f:
+            for rec in to_trl_records(view, table):
+                f.write(json.dumps(rec, default=str, ensure_ascii=False) + "\n")
+    else:
+        raise LakeError(f"unknown export format {fmt!r}: use jsonl or parquet")
+    tmp.replace(output)
+    return table.num_rows

@@ -1,0 +1,63 @@
+"""Read-only SQL over a lake: what ``halo-data query`` and the dashboard's SQL box run."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import duckdb
+import pyarrow as pa
+
+from halo_data.lake import Lake, LakeError
+
+ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+class QueryError(LakeError):
+    pass
+
+
+def check_read_only(sql: str) -> list[str]:
+    """Split ``sql`` into statements and refuse any that is not a read (SELECT, DESCRIBE, SHOW, EXPLAIN)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(_one_line(e)) from None
+    if not statements:
+        raise QueryError("no SQL statement given")
+    for s in statements:
+        if s.type not in ALLOWED_STATEMENTS:
+            kind = s.type.name.lower()
+            raise QueryError(
+                f"{kind} statements are not allowed: halo-data query is read-only (use SELECT; "
+                "the lake changes only through halo-data's commands)"
+            )
+    return [s.query for s in statements]
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    # DuckDB errors are "Kind Error: message" followed by LINE/context lines.
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first
+
+
+def run_query(
+    lake: Lake,
+    sql: str,
+    parameters: Mapping[str, Any] | None = None,
+    as_of: Any = None,
+    params: Any = None,
+) -> pa.Table:
+    """Run read-only SQL against the lake's tables and views; returns the last statement's rows."""
+    statements = check_read_only(sql)
+    con = lake.connect(as_of=as_of, params=params)
+    try:
+        from halo_data.reader import sql_arrow
+
+        for stmt in statements[:-1]:
+            con.execute(stmt).fetchall()
+        return sql_arrow(con, statements[-1], dict(parameters or {}))
+    except duckdb.Error as e:
+        raise QueryError(_one_line(e)) from None
+    finally:
+        con.close()

@@ -1,0 +1,115 @@
+"""DuckDB over the lake: every table as a view of its snapshot's file list, then the SQL views.
+
+Tables are projected onto the schema in ``halo_data.schema``: a column this HALO
+knows but the files lack (a lake written by an older HALO) reads as NULL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+
+from halo_data import schema as S
+from halo_data.config import ViewParams
+
+if TYPE_CHECKING:
+    from halo_data.lake import Lake
+
+log = logging.getLogger(__name__)
+
+# The raw screenshots table; `screenshots` is a view over it that hides copies.
+RAW_TABLE_NAMES = {"screenshots": "screenshots_all"}
+
+
+def _sql_list(items: list[str]) -> str:
+    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in items) + "]"
+
+
+def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
+    from halo_data.lake import duckdb_type
+
+    parts = []
+    for c in spec.columns:
+        if c.name in have:
+            parts.append(f'"{c.name}"')
+        else:
+            parts.append(f'CAST(NULL AS {duckdb_type(c.type)}) AS "{c.name}"')
+    parts += [f'"{n}"' for n in extra]
+    return ", ".join(parts)
+
+
+def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, version: Any = None) -> None:
+    spec = S.TABLES[name]
+    view_name = RAW_TABLE_NAMES.get(name, name)
+    dtab = lake.table(name, version)
+    table_schema = pa.schema(dtab.schema().to_arrow())
+    have = set(table_schema.names)
+    extra = [n for n in table_schema.names if n not in spec.column_names]
+    projection = _projection(spec, have, extra)
+    if lake.is_local:
+        files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris()]
+        if files:
+            hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
+            hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
+            source = f"read_parquet({_sql_list(files)}, union_by_name=true{hive})"
+        else:
+            source = None
+    else:
+        # Object stores: DuckDB reads through delta-rs's Arrow dataset (no extension download needed).
+        ds = dtab.to_pyarrow_dataset()
+        con.register(f"__arrow_{name}", ds)
+        source = f"__arrow_{name}"
+    if source is None:
+        from halo_data.lake import duckdb_type
+
+        cols = [f'CAST(NULL AS {duckdb_type(c.type)}) AS "{c.name}"' for c in spec.columns]
+        cols += [f'CAST(NULL AS {duckdb_type(table_schema.field(n).type)}) AS "{n}"' for n in extra]
+        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {", ".join(cols)} WHERE false')
+    else:
+        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {projection} FROM {source}')
+
+
+def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
+    for k, v in params.variables().items():
+        if isinstance(v, str):
+            con.execute(f"SET VARIABLE {k} = '{v}'")
+        else:
+            con.execute(f"SET VARIABLE {k} = {float(v)!r}::DOUBLE")
+
+
+def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool = True) -> duckdb.DuckDBPyConnection:
+    from halo_data.lake import parse_as_of
+    from halo_data.views import create_views
+
+    if params is None:
+        params = ViewParams()
+    elif isinstance(params, dict):
+        params = ViewParams().override(**params)
+    as_of_parsed = parse_as_of(as_of) if not isinstance(as_of, (dict, dt.datetime)) else as_of
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    for name in S.TABLES:
+        if isinstance(as_of_parsed, dt.datetime):
+            version: Any = as_of_parsed
+        elif isinstance(as_of_parsed, dict):
+            version = as_of_parsed.get(name)
+        else:
+            version = None
+        register_table(con, lake, name, version)
+    set_params(con, params)
+    if views:
+        create_views(con)
+    return con
+
+
+def sql_arrow(con: duckdb.DuckDBPyConnection, sql: str, parameters: dict | None = None) -> pa.Table:
+    """Run one statement and fetch its whole result as Arrow."""
+    rel = con.sql(sql, params=parameters or None)
+    if rel is None:
+        return pa.table({})
+    fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
+    return fetch()

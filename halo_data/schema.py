@@ -1,0 +1,246 @@
+"""The lake's tables, their columns and partition keys — documented in one place.
+
+Every writer builds Arrow tables against these schemas and every reader projects
+files onto them, so a column added here becomes NULL for data written by an older
+HALO (schema evolution without rewriting anything).
+
+Format version 1. Bump ``FORMAT_VERSION`` only for changes an older reader cannot
+survive (a renamed or retyped column); adding a nullable column is not one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+STATE_HASH_VERSION = 1
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    name: str
+    doc: str
+    partition_by: tuple[str, ...]
+    columns: tuple[Column, ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.type, nullable=True) for c in self.columns])
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def C(name: str, type_: pa.DataType, doc: str) -> Column:
+    return Column(name, type_, doc)
+
+
+RUNS = TableSpec(
+    name="runs",
+    doc="One row per run (rollout, eval or training). Upserted by run_id: a resumed run keeps its row.",
+    partition_by=(),
+    columns=(
+        C("run_id", pa.string(), "Unique id of the run; [A-Za-z0-9._-] only."),
+        C("kind", pa.string(), "rollout | eval | train."),
+        C("mode", pa.string(), "Named policy configuration (eval modes) or the training job type."),
+        C("env", pa.string(), "miniwob | real (rollouts); NULL for training runs."),
+        C("policy", pa.string(), "random | openai | hf."),
+        C("model", pa.string(), "Model name or path the policy used."),
+        C("adapter", pa.string(), "LoRA adapter name or folder, if any."),
+        C("policy_version", pa.string(), "Version tag of the policy weights (adapter id, training step)."),
+        C("split", pa.string(), "train | eval | all: which split of the task registry the run used."),
+        C("task_version", pa.string(), "REAL task version (v2 by default)."),
+        C("config", pa.string(), "The run's full configuration as JSON (secrets redacted)."),
+        C("command", pa.string(), "The command line that started the run (secrets redacted)."),
+        C("planned_episodes", pa.int64(), "Episodes the run planned (tasks x rollouts per task)."),
+        C("status", pa.string(), "running | finished | failed | interrupted."),
+        C("started_at", TS, "When the run started."),
+        C("ended_at", TS, "When the run ended (NULL while running)."),
+        C("provenance", pa.string(), "JSON: package versions, git sha, host, python; never secrets."),
+        C("job_type", pa.string(), "bc | dpo | grpo (training runs)."),
+        C("base_model", pa.string(), "Base model of a training run."),
+        C("source_view", pa.string(), "View a training run read."),
+        C("lineage", pa.string(), "JSON {table: version} of every lake table a training run read."),
+        C("output_dir", pa.string(), "Where a training run wrote its adapters."),
+    ),
+)
+
+STEPS = TableSpec(
+    name="steps",
+    doc=(
+        "One row per agent step, carrying its episode's fields so one append commits whole "
+        "episodes atomically. Partitioned by env and run_id."
+    ),
+    partition_by=("env", "run_id"),
+    columns=(
+        # --- the episode (repeated on each of its steps) ---
+        C("run_id", pa.string(), "Run that produced the episode (partition key)."),
+        C("env", pa.string(), "miniwob | real (partition key)."),
+        C("episode_id", pa.string(), "Deterministic id from (run_id, task_id, task_seed, attempt_idx)."),
+        C("task_id", pa.string(), "Task id, e.g. miniwob.click-button or v2.gomail-1."),
+        C("site", pa.string(), "Site of the task (gomail, omnizon, ..., miniwob)."),
+        C("task_version", pa.string(), "REAL task version; NULL for MiniWoB."),
+        C("split", pa.string(), "train | eval | all."),
+        C("mode", pa.string(), "Named policy configuration."),
+        C("policy", pa.string(), "random | openai | hf."),
+        C("model", pa.string(), "Model name or path."),
+        C("adapter", pa.string(), "LoRA adapter, if any."),
+        C("policy_version", pa.string(), "Version tag of the policy weights."),
+        C("attempt_idx", pa.int32(), "Attempt index of this task within the run."),
+        C("seed", pa.int64(), "Seed of the policy's sampling."),
+        C("task_seed", pa.int64(), "Seed of the task instance."),
+        C("temperature", pa.float64(), "Sampling temperature."),
+        C("success", pa.bool_(), "Did the environment's own evaluator call the episode a success."),
+        C("task_reward", pa.float64(), "Environment reward at the end (0/1 for BrowserGym)."),
+        C("raw_reward", pa.float64(), "Environment's raw reward (MiniWoB raw_reward; may be fractional)."),
+        C("n_steps", pa.int32(), "Number of actions taken in the episode."),
+        C("terminated", pa.bool_(), "The task ended (done)."),
+        C("truncated", pa.bool_(), "Stopped by max_steps or a time limit."),
+        C("error", pa.string(), "Episode-level error (browser crash, environment failure), NULL if none."),
+        C("error_kind", pa.string(), "env | policy | api | NULL."),
+        C("started_at", TS, "Episode start."),
+        C("ended_at", TS, "Episode end."),
+        # --- the step ---
+        C("step_idx", pa.int32(), "0-based index of the step in its episode."),
+        C("url", pa.string(), "Page URL the action was chosen on."),
+        C("goal", pa.string(), "Task goal text."),
+        C("observation", pa.string(), "Observation text (AXTree) the policy saw."),
+        C("screenshot_hash", pa.string(), "sha256 of the screenshot before the action (key into screenshots)."),
+        C("screenshot_after_hash", pa.string(), "sha256 of the screenshot after the action."),
+        C("prompt", pa.string(), "Chat messages as JSON, from the versioned prompt renderer; images by hash."),
+        C("prompt_version", pa.string(), "Version of the prompt renderer."),
+        C("prompt_hash", pa.string(), "sha256 of prompt; equal prompts join in dpo_pairs."),
+        C("model_output", pa.string(), "Raw model output (or the canonical action text for non-model policies)."),
+        C("action", pa.string(), "Parsed action as a BrowserGym action string; NULL if unparseable."),
+        C("action_source", pa.string(), "worker | manager | cache | macro | recovery | random | model."),
+        C("action_valid", pa.bool_(), "The action parsed and executed without error."),
+        C("parse_error", pa.string(), "Why the model output did not parse, if it did not."),
+        C("action_error", pa.string(), "Error the browser raised executing the action."),
+        C("r_progress", pa.float64(), "Dense progress reward component."),
+        C("r_novelty", pa.float64(), "Novelty bonus component (new state)."),
+        C("r_loop", pa.float64(), "Loop penalty component (repeated action/state), <= 0."),
+        C("r_validity", pa.float64(), "Validity shaping component."),
+        C("r_success", pa.float64(), "Success component: the environment's reward on the final step."),
+        C("reward", pa.float64(), "Weighted sum of the components with the weights at collection time."),
+        C("reward_weights", pa.string(), "JSON of the weights used for `reward`."),
+        C("cumulative_progress", pa.float64(), "Progress reached so far in the episode (0..1)."),
+        C("state_hash", pa.string(), "Identity of the page state the action was chosen on (URL + observation)."),
+        C("state_hash_version", pa.int32(), "Version of the state_hash function."),
+        C("latency_ms", pa.float64(), "Policy latency for this step."),
+        C("env_ms", pa.float64(), "Environment time for this step."),
+        C("prompt_tokens", pa.int64(), "Prompt tokens (model policies)."),
+        C("completion_tokens", pa.int64(), "Completion tokens (model policies)."),
+        C("logprobs", pa.list_(pa.float64()), "Per-token logprobs of model_output, where the policy gives them."),
+        C("logprob_sum", pa.float64(), "Sum of logprobs of model_output under the behaviour policy."),
+        C("is_last", pa.bool_(), "Last step of the episode."),
+        C("extra", pa.string(), "JSON for anything else (env info, MiniWoB rewards)."),
+    ),
+)
+
+SCREENSHOTS = TableSpec(
+    name="screenshots",
+    doc="One row per distinct image, content-addressed by sha256; partitioned by the hash's first hex digit.",
+    partition_by=("hash_prefix",),
+    columns=(
+        C("hash_prefix", pa.string(), "First hex digit of hash (partition key)."),
+        C("hash", pa.string(), "sha256 of the image bytes."),
+        C("image", pa.binary(), "PNG or WebP bytes."),
+        C("format", pa.string(), "png | webp | jpeg."),
+        C("width", pa.int32(), "Pixels."),
+        C("height", pa.int32(), "Pixels."),
+        C("created_at", TS, "When first stored."),
+    ),
+)
+
+CANDIDATES = TableSpec(
+    name="candidates",
+    doc="N actions sampled and scored at one state (online GRPO, MCTS); partitioned by env and run_id.",
+    partition_by=("env", "run_id"),
+    columns=(
+        C("run_id", pa.string(), "Run (partition key)."),
+        C("env", pa.string(), "Environment (partition key)."),
+        C("episode_id", pa.string(), "Episode the state belongs to."),
+        C("task_id", pa.string(), "Task id."),
+        C("step_idx", pa.int32(), "Step of the episode at which the candidates were sampled."),
+        C("state_hash", pa.string(), "State the candidates were sampled at."),
+        C("candidate_idx", pa.int32(), "Index of the sample."),
+        C("prompt", pa.string(), "Chat messages JSON."),
+        C("prompt_hash", pa.string(), "sha256 of prompt."),
+        C("model_output", pa.string(), "Raw sampled output."),
+        C("action", pa.string(), "Parsed action, NULL if unparseable."),
+        C("score", pa.float64(), "Score of the candidate (critic, rollout value, or env reward)."),
+        C("score_source", pa.string(), "critic | rollout | env."),
+        C("policy_version", pa.string(), "Policy that sampled it."),
+        C("logprob_sum", pa.float64(), "Behaviour logprob, where known."),
+        C("created_at", TS, "When sampled."),
+    ),
+)
+
+MCTS_NODES = TableSpec(
+    name="mcts_nodes",
+    doc="Search-tree nodes (Agent Q-style MCTS); partitioned by env and run_id.",
+    partition_by=("env", "run_id"),
+    columns=(
+        C("run_id", pa.string(), "Run (partition key)."),
+        C("env", pa.string(), "Environment (partition key)."),
+        C("tree_id", pa.string(), "One tree per (task, seed) search."),
+        C("node_id", pa.string(), "Node id, unique in its tree."),
+        C("parent_id", pa.string(), "Parent node id; NULL for the root."),
+        C("task_id", pa.string(), "Task id."),
+        C("depth", pa.int32(), "Depth from the root."),
+        C("action", pa.string(), "Action from the parent to this node."),
+        C("visits", pa.int64(), "Visit count."),
+        C("q_mcts", pa.float64(), "Monte Carlo value estimate."),
+        C("q_critic", pa.float64(), "Critic (AI feedback) value estimate."),
+        C("q", pa.float64(), "Blended value used for selection."),
+        C("state_hash", pa.string(), "State at the node."),
+        C("replay_prefix", pa.list_(pa.string()), "Actions from the root that reproduce the node's state."),
+        C("terminal", pa.bool_(), "Terminal node."),
+        C("reward", pa.float64(), "Environment reward at the node, if terminal."),
+        C("created_at", TS, "When written."),
+    ),
+)
+
+TRAIN_METRICS = TableSpec(
+    name="train_metrics",
+    doc="Training metrics in long form (step, metric, value); partitioned by training run.",
+    partition_by=("run_id",),
+    columns=(
+        C("run_id", pa.string(), "Training run (partition key)."),
+        C("step", pa.int64(), "Optimizer step."),
+        C("epoch", pa.float64(), "Fractional epoch."),
+        C("metric", pa.string(), "Namespaced metric name: loss, rewards/chosen, frac_reward_zero_std, ..."),
+        C("value", pa.float64(), "Metric value."),
+        C("logged_at", TS, "When logged."),
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {
+    t.name: t for t in (RUNS, STEPS, SCREENSHOTS, CANDIDATES, MCTS_NODES, TRAIN_METRICS)
+}
+
+# Episode-level columns of `steps` (identical on every step of an episode).
+EPISODE_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in STEPS.columns[: [c.name for c in STEPS.columns].index("step_idx")]
+)
+
+# Reward components stored raw on each step; the shaped reward is their weighted sum.
+REWARD_COMPONENTS: tuple[str, ...] = ("progress", "novelty", "loop", "validity", "success")

@@ -1,0 +1,49 @@
+-- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component and the shaped return under the current weights.
+WITH per_episode AS (
+    SELECT
+        episode_id,
+        any_value(run_id) AS run_id,
+        any_value(env) AS env,
+        any_value(task_id) AS task_id,
+        any_value(site) AS site,
+        any_value(task_version) AS task_version,
+        any_value(split) AS split,
+        any_value(mode) AS mode,
+        any_value(policy) AS policy,
+        any_value(model) AS model,
+        any_value(adapter) AS adapter,
+        any_value(policy_version) AS policy_version,
+        any_value(attempt_idx) AS attempt_idx,
+        any_value(seed) AS seed,
+        any_value(task_seed) AS task_seed,
+        any_value(temperature) AS temperature,
+        any_value(success) AS success,
+        any_value(task_reward) AS task_reward,
+        any_value(raw_reward) AS raw_reward,
+        any_value(n_steps) AS n_steps,
+        any_value(terminated) AS terminated,
+        any_value(truncated) AS truncated,
+        any_value(error) AS error,
+        any_value(error_kind) AS error_kind,
+        any_value(started_at) AS started_at,
+        any_value(ended_at) AS ended_at,
+        count(*) AS n_step_rows,
+        count(*) FILTER (WHERE action_valid) AS n_valid_actions,
+        count(*) FILTER (WHERE NOT coalesce(action_valid, false) AND model_output IS NOT NULL) AS n_invalid_actions,
+        count(*) FILTER (WHERE parse_error IS NOT NULL) AS n_parse_errors,
+        max(coalesce(cumulative_progress, 0)) AS final_progress,
+        sum(coalesce(r_progress, 0)) AS r_progress,
+        sum(coalesce(r_novelty, 0)) AS r_novelty,
+        sum(coalesce(r_loop, 0)) AS r_loop,
+        sum(coalesce(r_validity, 0)) AS r_validity,
+        sum(coalesce(r_success, 0)) AS r_success,
+        sum(shaped_reward) AS shaped_return,
+        sum(coalesce(latency_ms, 0)) AS policy_ms,
+        sum(coalesce(env_ms, 0)) AS env_ms,
+        sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+        sum(coalesce(completion_tokens, 0)) AS completion_tokens
+    FROM step_rewards
+    GROUP BY episode_id
+)
+
+SELECT * FROM per_episode

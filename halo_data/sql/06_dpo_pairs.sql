@@ -1,0 +1,94 @@
+-- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (best vs worst by default; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state.
+WITH ranked_steps AS (
+    SELECT
+        s.run_id,
+        s.task_id,
+        s.prompt_hash,
+        s.prompt,
+        s.model_output AS completion,
+        s.episode_id,
+        s.step_idx,
+        r.rank,
+        r.percentile
+    FROM steps AS s
+    JOIN progress_ranking AS r USING (episode_id)
+    WHERE s.prompt IS NOT NULL AND s.model_output IS NOT NULL AND r.error IS NULL
+),
+
+episode_candidate_pairs AS (
+    SELECT
+        'episodes' AS source,
+        c.run_id,
+        c.task_id,
+        c.prompt_hash,
+        c.prompt,
+        c.completion AS chosen,
+        r.completion AS rejected,
+        c.episode_id AS chosen_episode_id,
+        c.step_idx AS chosen_step_idx,
+        r.episode_id AS rejected_episode_id,
+        r.step_idx AS rejected_step_idx,
+        c.percentile AS chosen_score,
+        r.percentile AS rejected_score,
+        c.rank AS chosen_rank,
+        r.rank AS rejected_rank
+    FROM ranked_steps AS c
+    JOIN ranked_steps AS r
+        ON c.task_id = r.task_id
+        AND c.prompt_hash = r.prompt_hash
+        AND c.rank < r.rank
+        AND c.completion <> r.completion
+),
+
+episode_pairs AS (
+    SELECT * EXCLUDE (chosen_rank, rejected_rank)
+    FROM episode_candidate_pairs
+    QUALIFY
+        -- one pair per (prompt, chosen episode, rejected episode), the earliest steps
+        row_number() OVER (
+            PARTITION BY task_id, prompt_hash, chosen_episode_id, rejected_episode_id
+            ORDER BY chosen_step_idx, rejected_step_idx
+        ) = 1
+        AND (
+            getvariable('halo_dpo_pairing') = 'all'
+            OR (
+                chosen_rank = min(chosen_rank) OVER (PARTITION BY task_id, prompt_hash)
+                AND rejected_rank = max(rejected_rank) OVER (PARTITION BY task_id, prompt_hash)
+            )
+        )
+),
+
+candidate_pairs AS (
+    SELECT
+        'candidates' AS source,
+        c.run_id,
+        c.task_id,
+        c.prompt_hash,
+        c.prompt,
+        c.model_output AS chosen,
+        r.model_output AS rejected,
+        c.episode_id AS chosen_episode_id,
+        c.step_idx AS chosen_step_idx,
+        r.episode_id AS rejected_episode_id,
+        r.step_idx AS rejected_step_idx,
+        c.score AS chosen_score,
+        r.score AS rejected_score
+    FROM candidates AS c
+    JOIN candidates AS r
+        ON c.run_id = r.run_id
+        AND c.episode_id = r.episode_id
+        AND c.step_idx = r.step_idx
+        AND c.score > r.score
+        AND c.model_output <> r.model_output
+    WHERE c.prompt IS NOT NULL
+    QUALIFY
+        getvariable('halo_dpo_pairing') = 'all'
+        OR row_number() OVER (
+            PARTITION BY c.run_id, c.episode_id, c.step_idx
+            ORDER BY c.score DESC, r.score ASC, c.candidate_idx, r.candidate_idx
+        ) = 1
+)
+
+SELECT *, chosen_score - rejected_score AS score_margin FROM episode_pairs
+UNION ALL BY NAME
+SELECT *, chosen_score - rejected_score AS score_margin FROM candidate_pairs

@@ -1,0 +1,111 @@
+-- grpo_groups: long form, one row per (level, member step). level 'episode': every step of every episode in a group of attempts of one task with the same task_seed and policy_version, rewarded with its episode's shaped return. level 'step': steps taken from the same state_hash (an anchor state) inside one episode group, rewarded with their discounted return (variable halo_gamma). advantage = reward - group_mean (Dr. GRPO, unscaled); combined_advantage = A_episode + omega * A_step on both levels (variable halo_omega; A_step is 0 for an anchor seen once).
+WITH episode_members AS (
+    SELECT
+        episode_id,
+        task_id,
+        task_seed,
+        policy_version,
+        shaped_return AS reward,
+        concat_ws('|', task_id, coalesce(CAST(task_seed AS VARCHAR), ''), coalesce(policy_version, '')) AS group_key
+    FROM episodes
+    WHERE error IS NULL
+),
+
+episode_groups AS (
+    SELECT
+        *,
+        avg(reward) OVER g AS group_mean,
+        coalesce(stddev_samp(reward) OVER g, 0) AS group_std,
+        count(*) OVER g AS group_size,
+        (max(reward) OVER g - min(reward) OVER g) <= 1e-9 AS zero_std
+    FROM episode_members
+    WINDOW g AS (PARTITION BY group_key)
+),
+
+step_returns AS (
+    SELECT
+        s.episode_id,
+        s.run_id,
+        s.step_idx,
+        s.state_hash,
+        s.prompt,
+        s.model_output AS completion,
+        s.logprob_sum,
+        s.shaped_reward,
+        CASE
+            WHEN getvariable('halo_gamma') = 0 THEN s.shaped_reward
+            ELSE sum(s.shaped_reward * pow(getvariable('halo_gamma'), s.step_idx)) OVER (
+                PARTITION BY s.episode_id ORDER BY s.step_idx DESC ROWS UNBOUNDED PRECEDING
+            ) / pow(getvariable('halo_gamma'), s.step_idx)
+        END AS discounted_return
+    FROM step_rewards AS s
+    WHERE s.episode_id IN (SELECT episode_id FROM episode_members)
+),
+
+members AS (
+    SELECT
+        st.*,
+        e.task_id,
+        e.task_seed,
+        e.policy_version,
+        e.group_key AS episode_group_key,
+        e.reward AS episode_reward,
+        e.group_mean AS episode_group_mean,
+        e.group_std AS episode_group_std,
+        e.group_size AS episode_group_size,
+        e.zero_std AS episode_zero_std,
+        e.reward - e.group_mean AS episode_advantage
+    FROM step_returns AS st
+    JOIN episode_groups AS e USING (episode_id)
+    WHERE st.prompt IS NOT NULL AND st.completion IS NOT NULL
+),
+
+anchors AS (
+    SELECT
+        *,
+        episode_group_key || '|' || coalesce(state_hash, '') AS step_group_key,
+        avg(discounted_return) OVER a AS step_group_mean,
+        coalesce(stddev_samp(discounted_return) OVER a, 0) AS step_group_std,
+        count(*) OVER a AS step_group_size,
+        (max(discounted_return) OVER a - min(discounted_return) OVER a) <= 1e-9 AS step_zero_std
+    FROM members
+    WINDOW a AS (PARTITION BY episode_group_key, state_hash)
+),
+
+combined AS (
+    SELECT
+        *,
+        discounted_return - step_group_mean AS step_advantage,
+        episode_advantage + getvariable('halo_omega') * (discounted_return - step_group_mean) AS combined_advantage
+    FROM anchors
+)
+
+SELECT
+    'episode' AS level,
+    episode_group_key AS group_key,
+    episode_id AS member_id,
+    run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash,
+    prompt, completion, logprob_sum,
+    episode_reward AS reward,
+    episode_group_mean AS group_mean,
+    episode_group_std AS group_std,
+    episode_group_size AS group_size,
+    episode_zero_std AS zero_std,
+    episode_advantage AS advantage,
+    combined_advantage
+FROM combined
+UNION ALL
+SELECT
+    'step' AS level,
+    step_group_key AS group_key,
+    episode_id || ':' || CAST(step_idx AS VARCHAR) AS member_id,
+    run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash,
+    prompt, completion, logprob_sum,
+    discounted_return AS reward,
+    step_group_mean AS group_mean,
+    step_group_std AS group_std,
+    step_group_size AS group_size,
+    step_zero_std AS zero_std,
+    step_advantage AS advantage,
+    combined_advantage
+FROM combined

@@ -1,0 +1,210 @@
+"""Buffered episode writer: whole episodes, one Delta commit per flush.
+
+    with EpisodeWriter(lake) as writer:
+        writer.write_episode(episode_fields, steps, screenshots)
+
+Screenshots are appended before the steps that reference them, so a reader never
+sees a step whose screenshot is missing. Steps of all buffered episodes go in one
+``steps`` commit: a flush is all there or all absent, even if the process is
+killed during it. A flush that fails (disk full, permission denied) raises
+``LakeWriteError`` naming the episodes that were not written; nothing already in
+the lake changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from halo_data import ids
+from halo_data import schema as S
+from halo_data.lake import Lake, LakeError, conform
+
+log = logging.getLogger(__name__)
+
+
+class LakeWriteError(LakeError):
+    def __init__(self, message: str, episode_ids: Sequence[str]):
+        super().__init__(message)
+        self.episode_ids = list(episode_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class Screenshot:
+    hash: str
+    image: bytes
+    format: str = "png"
+    width: int | None = None
+    height: int | None = None
+
+    @classmethod
+    def from_bytes(cls, image: bytes, format: str = "png", width: int | None = None, height: int | None = None) -> "Screenshot":
+        if (width is None or height is None) and format == "png" and image[:8] == b"\x89PNG\r\n\x1a\n":
+            width = int.from_bytes(image[16:20], "big")
+            height = int.from_bytes(image[20:24], "big")
+        return cls(ids.image_hash(image), image, format, width, height)
+
+
+@dataclasses.dataclass
+class FlushResult:
+    episode_ids: list[str]
+    steps: int
+    screenshots: int
+    steps_version: int | None
+    seconds: float
+
+
+class EpisodeWriter:
+    """Buffers finished episodes and appends them in one transaction per flush.
+
+    A flush happens after ``flush_episodes`` episodes, or at the first episode
+    written ``flush_seconds`` after the previous flush, and on ``close()``.
+    """
+
+    def __init__(self, lake: Lake, flush_episodes: int = 8, flush_seconds: float = 10.0, known_screenshots: Iterable[str] | None = None):
+        self.lake = lake
+        self.flush_episodes = max(1, int(flush_episodes))
+        self.flush_seconds = float(flush_seconds)
+        self._episodes: list[str] = []
+        self._columns: dict[str, list[Any]] = {c: [] for c in S.STEPS.column_names}
+        self._n_rows = 0
+        self._shots: dict[str, Screenshot] = {}
+        self._known: set[str] | None = set(known_screenshots) if known_screenshots is not None else None
+        self._last_flush = time.monotonic()
+        self.flushes: list[FlushResult] = []
+
+    # ------------------------------------------------------------------ buffering
+    def write_episode(
+        self,
+        episode: Mapping[str, Any],
+        steps: Sequence[Mapping[str, Any]],
+        screenshots: Iterable[Screenshot] = (),
+    ) -> str:
+        """Buffer one finished episode; returns its id. May flush."""
+        episode = dict(episode)
+        for key in ("run_id", "env", "task_id"):
+            if not episode.get(key):
+                raise LakeError(f"episode is missing {key}")
+        ids.check_run_id(episode["run_id"])
+        expected = ids.episode_id(episode["run_id"], episode["task_id"], int(episode.get("task_seed") or 0), int(episode.get("attempt_idx") or 0))
+        eid = episode.setdefault("episode_id", expected)
+        if eid != expected:
+            raise LakeError(f"episode_id {eid} does not match (run_id, task_id, task_seed, attempt_idx); let the writer derive it")
+        if not steps:
+            raise LakeError(f"episode {eid} has no steps: record at least the step on which it failed")
+        if eid in self._episodes:
+            raise LakeError(f"episode {eid} is already buffered")
+        unknown = set(episode) - set(S.EPISODE_COLUMNS)
+        if unknown:
+            raise LakeError(f"unknown episode field(s): {', '.join(sorted(unknown))}")
+        episode.setdefault("n_steps", len(steps))
+        last = len(steps) - 1
+        for i, step in enumerate(steps):
+            bad = set(step) - set(S.STEPS.column_names)
+            if bad:
+                raise LakeError(f"unknown step field(s): {', '.join(sorted(bad))}")
+            row = {**step, **episode}
+            row.setdefault("step_idx", i)
+            row.setdefault("is_last", i == last)
+            row.setdefault("state_hash_version", S.STATE_HASH_VERSION)
+            for c, col in self._columns.items():
+                col.append(row.get(c))
+        self._n_rows += len(steps)
+        for shot in screenshots:
+            if self._known is not None and shot.hash in self._known:
+                continue
+            self._shots.setdefault(shot.hash, shot)
+        self._episodes.append(eid)
+        if len(self._episodes) >= self.flush_episodes or time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+        return eid
+
+    @property
+    def pending_episodes(self) -> list[str]:
+        return list(self._episodes)
+
+    # ------------------------------------------------------------------ committing
+    def _load_known(self) -> None:
+        if self._known is not None:
+            return
+        con = self.lake.connect(views=False)
+        try:
+            self._known = {r[0] for r in con.execute("select distinct hash from screenshots_all").fetchall()}
+        finally:
+            con.close()
+        for h in list(self._shots):
+            if h in self._known:
+                del self._shots[h]
+
+    def flush(self) -> FlushResult | None:
+        if not self._episodes:
+            return None
+        t0 = time.perf_counter()
+        episodes = list(self._episodes)
+        try:
+            self._load_known()
+            now = dt.datetime.now(dt.timezone.utc)
+            shots = list(self._shots.values())
+            if shots:
+                shot_table = pa.table(
+                    {
+                        "hash_prefix": [s.hash[0] for s in shots],
+                        "hash": [s.hash for s in shots],
+                        "image": pa.array([s.image for s in shots], pa.binary()),
+                        "format": [s.format for s in shots],
+                        "width": pa.array([s.width for s in shots], pa.int32()),
+                        "height": pa.array([s.height for s in shots], pa.int32()),
+                        "created_at": pa.array([now] * len(shots), S.TS),
+                    }
+                )
+                self.lake.append("screenshots", shot_table)
+                assert self._known is not None
+                self._known.update(s.hash for s in shots)
+                self._shots.clear()
+            steps_table = pa.Table.from_pydict(self._columns, schema=S.STEPS.schema)
+            version = self.lake.append("steps", steps_table)
+        except LakeError:
+            raise
+        except Exception as e:
+            raise LakeWriteError(
+                f"could not write {len(episodes)} episode(s) to {self.lake.root}: {e}", episodes
+            ) from e
+        result = FlushResult(episodes, self._n_rows, len(shots), version, time.perf_counter() - t0)
+        log.debug("flushed %d episodes, %d steps, %d screenshots in %.3fs", len(episodes), self._n_rows, len(shots), result.seconds)
+        self._episodes.clear()
+        self._columns = {c: [] for c in S.STEPS.column_names}
+        self._n_rows = 0
+        self._last_flush = time.monotonic()
+        self.flushes.append(result)
+        return result
+
+    def discard(self) -> list[str]:
+        """Drop buffered episodes without writing them; returns their ids."""
+        dropped = list(self._episodes)
+        self._episodes.clear()
+        self._columns = {c: [] for c in S.STEPS.column_names}
+        self._n_rows = 0
+        self._shots.clear()
+        return dropped
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "EpisodeWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None or exc_type is KeyboardInterrupt:
+            self.close()
+
+
+def append_rows(lake: Lake, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Append plain rows (dicts) to a table in one commit: candidates, mcts_nodes, train_metrics."""
+    spec = S.TABLES[table]
+    data = pa.Table.from_pylist([dict(r) for r in rows], schema=spec.schema) if rows else spec.schema.empty_table()
+    return lake.append(table, conform(data, spec))

@@ -1,0 +1,1 @@
+"""HALO training jobs: BC, DPO and GRPO over the lake's views, writing LoRA adapters and metrics."""
