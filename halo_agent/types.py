@@ -1,0 +1,69 @@
+"""What environments hand to policies and what policies hand back: the contract between them.
+
+Environments (``halo_agent.envs``) build an ``Observation`` per step; a policy's
+``act`` returns a ``PolicyOutput``; the sampler turns both into one row of the
+lake's ``steps`` table (see ``halo_data.schema.STEPS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class Element:
+    """An element of the page a policy may act on, from the AXTree."""
+
+    bid: str  # BrowserGym element id
+    role: str  # button, link, textbox, combobox, checkbox, ...
+    name: str  # accessible name
+    kind: str  # "click" | "fill" | "select"
+    options: tuple[str, ...] = ()  # for "select"
+
+
+@dataclasses.dataclass
+class Observation:
+    goal: str
+    url: str
+    axtree: str  # the AXTree text the policy sees (BrowserGym's flatten_axtree_to_str)
+    elements: Sequence[Element]  # actions the page offers
+    screenshot: bytes | None  # PNG
+    screenshot_hash: str | None
+    messages: list[dict[str, Any]]  # chat messages from halo_data.prompts.render_messages
+    history: Sequence[str]  # actions taken so far in the episode
+    step_idx: int
+    task_id: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class PolicyOutput:
+    model_output: str | None  # raw model text (or the canonical action text for non-model policies)
+    action: str | None  # parsed BrowserGym action string; None when the output did not parse
+    action_source: str = "model"  # worker | manager | cache | macro | recovery | random | model
+    parse_error: str | None = None
+    latency_ms: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    logprobs: list[float] | None = None
+    logprob_sum: float | None = None
+    api_error: str | None = None  # the model endpoint failed (not the environment, not a wrong answer)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str  # random | openai | hf
+    model: str | None
+    adapter: str | None
+    policy_version: str | None
+    uses_screenshot: bool
+
+    def reset(self, seed: int) -> None:
+        """Start an episode; ``seed`` makes sampling reproducible."""
+
+    def act(self, obs: Observation) -> PolicyOutput:
+        """Choose the next action."""
+
+    def close(self) -> None:
+        ...
