@@ -1,0 +1,38 @@
+"""Shared test set-up: offline environment for agisdk/Playwright, and small lake fixtures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# agisdk imports tiktoken, which would download its encoding; Playwright must use Debian's
+# Chromium. Both are arranged before any test imports them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+try:
+    from halo_agent.browser import ensure_environment
+except ImportError:  # the agent extra is not installed
+    pass
+else:
+    ensure_environment()
+
+
+@pytest.fixture
+def lake(tmp_path):
+    """An empty, initialised lake under tmp_path."""
+    from halo_data.lake import Lake
+
+    return Lake.init(tmp_path / "lake")
+
+
+@pytest.fixture
+def synthetic_lake(tmp_path):
+    """A small lake of synthetic episodes (several tasks x attempts, small screenshots)."""
+    from halo_data.synthetic import SyntheticSpec, build_synthetic_lake
+
+    spec = SyntheticSpec(n_steps=600, attempts_per_task=4, min_steps=5, max_steps=12, screenshot_size=(48, 32), seed=7)
+    return build_synthetic_lake(str(tmp_path / "synthetic-lake"), spec)
