@@ -329,7 +329,9 @@ class Lake:
 
         if not rows:
             return
-        data = conform(pa.Table.from_pylist([dict(r) for r in rows]), S.RUNS)
+        # Rows may name different columns; from_pylist alone would keep only the first row's.
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        data = conform(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows]), S.RUNS)
         for attempt in range(20):
             try:
                 (

@@ -1,0 +1,1 @@
+"""Streamlit page scripts of the dashboard (run by st.navigation in dashboards/app.py, not imported)."""

@@ -1,0 +1,91 @@
+"""Overview: every run with its episode statistics, and the eval matrix (mode × site)."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from dashboards import data
+
+RUNS_SQL = """
+WITH per_run AS (
+    SELECT
+        run_id,
+        any_value(env) AS env,
+        count(DISTINCT task_id) AS tasks,
+        count(*) AS episodes,
+        avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+        avg(shaped_return) AS mean_shaped_return,
+        min(started_at) AS first_episode_at
+    FROM episodes
+    GROUP BY run_id
+)
+SELECT
+    coalesce(r.run_id, p.run_id) AS run_id,
+    r.kind,
+    r.mode,
+    r.model,
+    r.adapter,
+    coalesce(r.env, p.env) AS env,
+    p.tasks,
+    coalesce(p.episodes, 0) AS episodes,
+    p.success_rate,
+    p.mean_shaped_return,
+    coalesce(r.started_at, p.first_episode_at) AS started,
+    r.status
+FROM runs AS r
+FULL OUTER JOIN per_run AS p ON r.run_id = p.run_id
+ORDER BY started DESC NULLS LAST, run_id
+"""
+
+EVAL_MATRIX_SQL = "SELECT * FROM eval_matrix ORDER BY mode, site, split"
+
+TOTALS_SQL = """
+SELECT
+    count(*) AS steps,
+    count(DISTINCT episode_id) AS episodes,
+    count(DISTINCT run_id) AS runs
+FROM steps
+"""
+
+st.title("Overview")
+snap = data.current_snapshot()
+if snap is not None:
+    runs = snap.df(RUNS_SQL)
+    if data.require_steps(snap):
+        totals = snap.df(TOTALS_SQL).iloc[0]
+        c1, c2, c3 = st.columns(3)
+        c1.metric("Runs with episodes", f"{int(totals['runs']):,}")
+        c2.metric("Episodes", f"{int(totals['episodes']):,}")
+        c3.metric("Steps", f"{int(totals['steps']):,}")
+    if not runs.empty:
+        st.subheader("Runs")
+        st.dataframe(
+            runs,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "success_rate": st.column_config.ProgressColumn("success rate", format="percent", min_value=0, max_value=1),
+                "mean_shaped_return": st.column_config.NumberColumn("mean shaped return", format="%.3f"),
+                "started": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm"),
+            },
+        )
+    matrix = snap.df(EVAL_MATRIX_SQL) if not runs.empty else None
+    if matrix is not None and not matrix.empty:
+        st.subheader("Eval matrix (mode × site)")
+        st.dataframe(matrix, hide_index=True, width="stretch")
+        base = alt.Chart(matrix).encode(
+            x=alt.X("site:N", title="site"),
+            xOffset="mode:N",
+            color=alt.Color("mode:N", title="mode"),
+            tooltip=["mode", "site", "split", "n_episodes", "success_rate", "median_steps"],
+        )
+        left, right = st.columns(2)
+        left.altair_chart(
+            base.mark_bar().encode(y=alt.Y("success_rate:Q", title="success rate", scale=alt.Scale(domain=[0, 1]))).properties(title="Success rate"),
+            width="stretch",
+        )
+        right.altair_chart(
+            base.mark_bar().encode(y=alt.Y("median_steps:Q", title="median steps")).properties(title="Median steps"),
+            width="stretch",
+        )
