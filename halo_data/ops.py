@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halo_data import schema as S
-from halo_data.lake import MAX_COMMIT_RETRIES, Lake, LakeError, conform
+from halo_data.lake import MAX_COMMIT_RETRIES, Lake, LakeError, conform, writer_properties
 from halo_data.reader import sql_arrow
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
     for prefix in _duplicate_screenshot_prefixes(lake):
         con = lake.connect(views=False)
         try:
-            before = con.execute("select count(*) from screenshots_all where hash_prefix = $p", {"p": prefix}).fetchone()[0]
+            before = con.execute("select count(*) from screenshots_all where hash_prefix = $p", {"p": prefix}).fetchall()[0][0]
             dedup = sql_arrow(
                 con,
                 """select * from screenshots_all where hash_prefix = $p
@@ -83,7 +83,7 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"commit_properties": CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES)}
         if target_size:
             kwargs["target_size"] = target_size
-        metrics = dtab.optimize.compact(**kwargs)
+        metrics = dtab.optimize.compact(writer_properties=writer_properties(), **kwargs)
         report["tables"][name] = {
             "files_removed": metrics.get("numFilesRemoved", 0),
             "files_added": metrics.get("numFilesAdded", 0),
@@ -122,8 +122,22 @@ def _check_file(name: str, path: str, expected_rows: int | None, spec: S.TableSp
     for field in table.schema:
         if field.name in spec.column_names:
             want = spec.column(field.name).type
-            if not (field.type == want or (pa.types.is_list(want) and pa.types.is_list(field.type))):
+            if _storage_kind(field.type) != _storage_kind(want):
                 yield Problem(name, f"{path}: column {field.name} is {field.type}, expected {want}")
+
+
+def _storage_kind(t: pa.DataType) -> str:
+    """A type with its Arrow layout variants folded together: delta-rs's merge and optimize write
+    string_view / large_string where appends write string, and readers treat them alike."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return "list<" + _storage_kind(t.value_type) + ">"
+    if pa.types.is_timestamp(t):
+        return f"timestamp[{t.unit}, tz={'utc' if t.tz else 'none'}]"
+    return str(t)
 
 
 def validate(lake: Lake, all_versions: bool = False) -> list[Problem]:
@@ -189,7 +203,7 @@ def quarantine(lake: Lake, run_id: str) -> dict[str, Any]:
             """select (select count(*) from runs where run_id = $r) + (select count(*) from steps where run_id = $r)
                  + (select count(*) from train_metrics where run_id = $r)""",
             {"r": run_id},
-        ).fetchone()[0]
+        ).fetchall()[0][0]
     finally:
         con.close()
     if not found:

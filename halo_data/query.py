@@ -27,6 +27,8 @@ def check_read_only(sql: str) -> list[str]:
     for s in statements:
         if s.type not in ALLOWED_STATEMENTS:
             kind = s.type.name.lower()
+            if kind == "load":  # DuckDB calls INSTALL a LOAD statement: name it as the user wrote it
+                kind = s.query.split()[0].lower()
             raise QueryError(
                 f"{kind} statements are not allowed: halo-data query is read-only (use SELECT; "
                 "the lake changes only through halo-data's commands)"

@@ -63,6 +63,12 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
         ds = dtab.to_pyarrow_dataset()
         con.register(f"__arrow_{name}", ds)
         source = f"__arrow_{name}"
+    if source is not None and lake.is_local:
+        # After schema evolution the table's schema lists columns that older files lack, and
+        # read_parquet only knows the columns its files hold: project what the files really have.
+        have = {d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description}
+        extra = [n for n in extra if n in have]
+        projection = _projection(spec, have, extra)
     if source is None:
         from halo_data.lake import duckdb_type
 

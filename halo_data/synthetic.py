@@ -107,10 +107,12 @@ class _Task:
         self.task_id = f"{'miniwob' if self.site == 'miniwob' else 'v2'}.{self.site}-{idx}"
         self.goal = f"On {self.site}, " + " ".join(rng.choices(WORDS, k=rng.randrange(6, 16)))
         self.url = f"http://{self.site}.local/" if self.site != "miniwob" else f"file:///miniwob/{idx}.html"
-        self.states: list[tuple[str, str, list[int], str | None]] = []  # (url, axtree, bids, screenshot hash)
+        # (url, axtree, bids, screenshot hash, state_hash); state_hash is computed once per state
+        # because revisits are most steps and hashing the AXTree dominates generation time.
+        self.states: list[tuple[str, str, list[int], str | None, str]] = []
         self.spec = spec
 
-    def new_state(self, rng: random.Random, shots: dict[str, Screenshot]) -> tuple[str, str, list[int], str | None]:
+    def new_state(self, rng: random.Random, shots: dict[str, Screenshot]) -> tuple[str, str, list[int], str | None, str]:
         lo, hi = self.spec.axtree_elements
         axtree, bids = _axtree(rng, self.site, rng.randrange(lo, hi))
         url = self.url + rng.choice(["", "compose", "search?q=" + rng.choice(WORDS), "item/" + str(rng.randrange(999))])
@@ -121,7 +123,7 @@ class _Task:
             shot = Screenshot.from_bytes(png, "png", w, h)
             shots[shot.hash] = shot
             shot_hash = shot.hash
-        state = (url, axtree, bids, shot_hash)
+        state = (url, axtree, bids, shot_hash, ids.state_hash(url, axtree))
         self.states.append(state)
         return state
 
@@ -182,13 +184,10 @@ def generate_episodes(spec: SyntheticSpec) -> Iterator[SyntheticEpisode]:
                     state = task.states[0] if i == 0 else rng.choice(task.states)
                 else:
                     state = task.new_state(rng, shots)
-                url, axtree, bids, shot_hash = state
-                if shot_hash and shot_hash not in shots and spec.screenshots:
-                    pass  # stored by an earlier episode
+                url, axtree, bids, shot_hash, shash = state
                 action = f"click('{rng.choice(bids)}')" if rng.random() < 0.8 else f"fill('{rng.choice(bids)}', '{rng.choice(WORDS)}')"
                 messages = prompts.render_messages(task.goal, url, axtree, history, screenshot_hash=shot_hash)
                 prompt = prompts.dumps(messages)
-                shash = ids.state_hash(url, axtree)
                 r_progress = round(rng.random() * 0.1, 4) if rng.random() < 0.3 else 0.0
                 progress = min(1.0, progress + r_progress)
                 components = {

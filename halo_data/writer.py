@@ -112,6 +112,9 @@ class EpisodeWriter:
             row.setdefault("step_idx", i)
             row.setdefault("is_last", i == last)
             row.setdefault("state_hash_version", S.STATE_HASH_VERSION)
+            # dpo_pairs joins equal prompts by prompt_hash, so a step with a prompt always carries one.
+            if row.get("prompt") is not None and row.get("prompt_hash") is None:
+                row["prompt_hash"] = ids.sha256_hex(row["prompt"])
             for c, col in self._columns.items():
                 col.append(row.get(c))
         self._n_rows += len(steps)

@@ -1,4 +1,4 @@
--- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (best vs worst by default; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state.
+-- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state.
 WITH ranked_steps AS (
     SELECT
         s.run_id,
@@ -44,18 +44,19 @@ episode_pairs AS (
     SELECT * EXCLUDE (chosen_rank, rejected_rank)
     FROM episode_candidate_pairs
     QUALIFY
-        -- one pair per (prompt, chosen episode, rejected episode), the earliest steps
-        row_number() OVER (
-            PARTITION BY task_id, prompt_hash, chosen_episode_id, rejected_episode_id
-            ORDER BY chosen_step_idx, rejected_step_idx
-        ) = 1
-        AND (
-            getvariable('halo_dpo_pairing') = 'all'
-            OR (
-                chosen_rank = min(chosen_rank) OVER (PARTITION BY task_id, prompt_hash)
-                AND rejected_rank = max(rejected_rank) OVER (PARTITION BY task_id, prompt_hash)
-            )
-        )
+        CASE
+            -- every (prompt, chosen episode, rejected episode) once, from their earliest steps
+            WHEN getvariable('halo_dpo_pairing') = 'all' THEN row_number() OVER (
+                PARTITION BY task_id, prompt_hash, chosen_episode_id, rejected_episode_id
+                ORDER BY chosen_step_idx, rejected_step_idx
+            ) = 1
+            -- one pair per prompt: the best-ranked step against the worst-ranked step whose output differs
+            ELSE row_number() OVER (
+                PARTITION BY task_id, prompt_hash
+                ORDER BY chosen_rank, rejected_rank DESC, chosen_episode_id, rejected_episode_id,
+                    chosen_step_idx, rejected_step_idx
+            ) = 1
+        END
 ),
 
 candidate_pairs AS (

@@ -63,13 +63,14 @@ members AS (
 anchors AS (
     SELECT
         *,
-        episode_group_key || '|' || coalesce(state_hash, '') AS step_group_key,
+        episode_group_key || '|' || coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)) AS step_group_key,
         avg(discounted_return) OVER a AS step_group_mean,
         coalesce(stddev_samp(discounted_return) OVER a, 0) AS step_group_std,
         count(*) OVER a AS step_group_size,
         (max(discounted_return) OVER a - min(discounted_return) OVER a) <= 1e-9 AS step_zero_std
     FROM members
-    WINDOW a AS (PARTITION BY episode_group_key, state_hash)
+    -- a step with no state_hash is an anchor of its own: unknown states must not be grouped together
+    WINDOW a AS (PARTITION BY episode_group_key, coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)))
 ),
 
 combined AS (

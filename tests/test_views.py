@@ -1,0 +1,411 @@
+"""Every SQL view, from hand-written input rows to exact expected rows, on real Delta tables and DuckDB.
+
+The main lake (``lake`` fixture) holds these episodes; rewards are chosen so that
+returns and advantages can be worked out by hand:
+
+    task A  miniwob.click-a   run r1  seed 1  policy v0   (3 attempts, ranks 1/2/3)
+      e0 success  steps: S0 "click('a')" progress .5 | S1 "click('b')" progress .5 + success 1
+      e2 fail     steps: S0 "click('c')" progress .5                    (progress .5 in 1 step)
+      e1 fail     steps: S0 "click('c')" progress .5 | S2 loop -1 | S2 loop -1, invalid   (.5 in 3 steps)
+    task B  v2.gomail-1       run r1  seed 1  policy v0   (2 attempts that tie exactly)
+      e3, e4 fail steps: SB progress .25 | SB2 0        outputs differ
+    task C  miniwob.click-c   run r2  seed 7  policy v1   (one clean attempt + one errored)
+      e5 fail  step: SC progress .5
+      e6 error step: SC progress 0 ("browser crashed")
+
+With weights progress=1, loop=.5, success=2 (others 0) the shaped returns are
+e0 = .5 + (.5 + 2) = 3, e1 = .5 - .5 - .5 = -.5, e2 = .5, e3 = e4 = .25, e5 = .5.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+import pytest
+
+from halo_data import ids, prompts
+from halo_data.lake import Lake
+from halo_data.writer import EpisodeWriter, append_rows
+
+WEIGHTS = {"w_progress": 1.0, "w_novelty": 0.0, "w_loop": 0.5, "w_validity": 0.0, "w_success": 2.0}
+
+
+def observation(name: str) -> str:
+    return f"RootWebArea 'page {name}'\n\t[12] button '{name}'"
+
+
+def prompt_for(state: str) -> str:
+    return prompts.dumps(prompts.render_messages("do the task", f"http://site/{state}", observation(state)))
+
+
+def step(state: str, output: str, *, progress: float = 0.0, cumulative: float = 0.0, loop: float = 0.0,
+         success: float = 0.0, valid: bool = True) -> dict:
+    url = f"http://site/{state}"
+    return {
+        "url": url,
+        "goal": "do the task",
+        "observation": observation(state),
+        "prompt": prompt_for(state),
+        "prompt_version": prompts.PROMPT_VERSION,
+        "model_output": output,
+        "action": output if valid else None,
+        "action_valid": valid,
+        "r_progress": progress,
+        "r_loop": loop,
+        "r_success": success,
+        "cumulative_progress": cumulative,
+        "state_hash": ids.state_hash(url, observation(state)),
+    }
+
+
+def episode(run_id: str, task_id: str, attempt: int, *, env="miniwob", site="miniwob", seed=1, policy_version="v0",
+            mode="random", success=False, error=None) -> dict:
+    return {
+        "run_id": run_id, "env": env, "task_id": task_id, "site": site, "task_seed": seed, "attempt_idx": attempt,
+        "policy_version": policy_version, "mode": mode, "split": "train", "success": success,
+        "task_reward": 1.0 if success else 0.0, "terminated": success or error is None, "truncated": False,
+        "error": error,
+    }
+
+
+def build(root, episodes) -> Lake:
+    lake = Lake.init(root)
+    with EpisodeWriter(lake, flush_episodes=100) as writer:
+        for fields, steps in episodes:
+            writer.write_episode(fields, steps)
+    return lake
+
+
+A, B, C = "miniwob.click-a", "v2.gomail-1", "miniwob.click-c"
+EP = {
+    "e0": ids.episode_id("r1", A, 1, 0),
+    "e1": ids.episode_id("r1", A, 1, 1),
+    "e2": ids.episode_id("r1", A, 1, 2),
+    "e3": ids.episode_id("r1", B, 1, 0),
+    "e4": ids.episode_id("r1", B, 1, 1),
+    "e5": ids.episode_id("r2", C, 7, 0),
+    "e6": ids.episode_id("r2", C, 7, 1),
+}
+NAME = {v: k for k, v in EP.items()}
+
+
+def main_episodes():
+    return [
+        (episode("r1", A, 0, success=True), [
+            step("S0", "click('a')", progress=0.5, cumulative=0.5),
+            step("S1", "click('b')", progress=0.5, cumulative=1.0, success=1.0),
+        ]),
+        (episode("r1", A, 1), [
+            step("S0", "click('c')", progress=0.5, cumulative=0.5),
+            step("S2", "click('d')", loop=-1.0, cumulative=0.5),
+            step("S2", "click('d')", loop=-1.0, cumulative=0.5, valid=False),
+        ]),
+        (episode("r1", A, 2), [step("S0", "click('c')", progress=0.5, cumulative=0.5)]),
+        (episode("r1", B, 0, env="real", site="gomail"), [
+            step("SB", "click('x')", progress=0.25, cumulative=0.25),
+            step("SB2", "click('y')", cumulative=0.25),
+        ]),
+        (episode("r1", B, 1, env="real", site="gomail"), [
+            step("SB", "click('y')", progress=0.25, cumulative=0.25),
+            step("SB2", "click('x')", cumulative=0.25),
+        ]),
+        (episode("r2", C, 0, seed=7, policy_version="v1", mode="model"), [
+            step("SC", "click('p')", progress=0.5, cumulative=0.5),
+        ]),
+        (episode("r2", C, 1, seed=7, policy_version="v1", mode="model", error="browser crashed"), [
+            step("SC", "click('q')", cumulative=0.0),
+        ]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("views") / "lake", main_episodes())
+
+
+def rows(lake: Lake, sql: str, **params) -> list[dict]:
+    con = lake.connect(params={**WEIGHTS, **params})
+    try:
+        return con.sql(sql).to_arrow_table().to_pylist()
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------------- episodes
+def test_episodes_one_row_per_episode_with_components_and_shaped_return(lake):
+    got = rows(lake, "select episode_id, task_id, n_steps, n_step_rows, n_valid_actions, n_invalid_actions, "
+                     "final_progress, r_progress, r_loop, r_success, shaped_return, success, error from episodes")
+    by_name = {NAME[r.pop("episode_id")]: r for r in got}
+    assert by_name == {
+        "e0": dict(task_id=A, n_steps=2, n_step_rows=2, n_valid_actions=2, n_invalid_actions=0, final_progress=1.0,
+                   r_progress=1.0, r_loop=0.0, r_success=1.0, shaped_return=3.0, success=True, error=None),
+        "e1": dict(task_id=A, n_steps=3, n_step_rows=3, n_valid_actions=2, n_invalid_actions=1, final_progress=0.5,
+                   r_progress=0.5, r_loop=-2.0, r_success=0.0, shaped_return=-0.5, success=False, error=None),
+        "e2": dict(task_id=A, n_steps=1, n_step_rows=1, n_valid_actions=1, n_invalid_actions=0, final_progress=0.5,
+                   r_progress=0.5, r_loop=0.0, r_success=0.0, shaped_return=0.5, success=False, error=None),
+        "e3": dict(task_id=B, n_steps=2, n_step_rows=2, n_valid_actions=2, n_invalid_actions=0, final_progress=0.25,
+                   r_progress=0.25, r_loop=0.0, r_success=0.0, shaped_return=0.25, success=False, error=None),
+        "e4": dict(task_id=B, n_steps=2, n_step_rows=2, n_valid_actions=2, n_invalid_actions=0, final_progress=0.25,
+                   r_progress=0.25, r_loop=0.0, r_success=0.0, shaped_return=0.25, success=False, error=None),
+        "e5": dict(task_id=C, n_steps=1, n_step_rows=1, n_valid_actions=1, n_invalid_actions=0, final_progress=0.5,
+                   r_progress=0.5, r_loop=0.0, r_success=0.0, shaped_return=0.5, success=False, error=None),
+        "e6": dict(task_id=C, n_steps=1, n_step_rows=1, n_valid_actions=1, n_invalid_actions=0, final_progress=0.0,
+                   r_progress=0.0, r_loop=0.0, r_success=0.0, shaped_return=0.0, success=False,
+                   error="browser crashed"),
+    }
+
+
+def test_reweighting_through_view_params_changes_returns_without_new_rows(lake):
+    version_before = lake.table("steps").version()
+    default = {NAME[r["episode_id"]]: r["shaped_return"] for r in rows(lake, "select * from episodes")}
+    no_bonus = {NAME[r["episode_id"]]: r["shaped_return"]
+                for r in rows(lake, "select * from episodes", w_success=0.0, w_loop=0.25)}
+    assert default["e0"] == 3.0 and no_bonus["e0"] == 1.0
+    assert default["e1"] == -0.5 and no_bonus["e1"] == 0.0
+    assert no_bonus["e2"] == default["e2"] == 0.5
+    # the GRPO signal follows the weights too
+    con = lake.connect(params={**WEIGHTS, "w_success": 0.0, "w_loop": 0.25})
+    try:
+        adv = dict(con.execute("select episode_id, advantage from grpo_groups where level = 'episode' "
+                               "and step_idx = 0 and task_id = ?", [A]).fetchall())
+    finally:
+        con.close()
+    mean = (1.0 + 0.0 + 0.5) / 3
+    assert {NAME[k]: v for k, v in adv.items()} == pytest.approx({"e0": 1.0 - mean, "e1": -mean, "e2": 0.5 - mean})
+    assert lake.table("steps").version() == version_before
+
+
+def test_step_rewards_shaped_reward_is_the_weighted_sum(lake):
+    got = rows(lake, f"select step_idx, shaped_reward from step_rewards where episode_id = '{EP['e1']}' order by 1")
+    assert got == [{"step_idx": 0, "shaped_reward": 0.5}, {"step_idx": 1, "shaped_reward": -0.5},
+                   {"step_idx": 2, "shaped_reward": -0.5}]
+
+
+# ---------------------------------------------------------------------- episode_summary
+def test_episode_summary(lake):
+    got = rows(lake, "select run_id, task_id, attempts, successes, success_rate, mean_shaped_return, "
+                     "mean_final_progress, mean_steps, errors from episode_summary order by run_id, task_id")
+    assert got == [
+        dict(run_id="r1", task_id=A, attempts=3, successes=1, success_rate=pytest.approx(1 / 3),
+             mean_shaped_return=pytest.approx(1.0), mean_final_progress=pytest.approx(2 / 3), mean_steps=2.0, errors=0),
+        dict(run_id="r1", task_id=B, attempts=2, successes=0, success_rate=0.0, mean_shaped_return=0.25,
+             mean_final_progress=0.25, mean_steps=2.0, errors=0),
+        dict(run_id="r2", task_id=C, attempts=2, successes=0, success_rate=0.0, mean_shaped_return=0.25,
+             mean_final_progress=0.25, mean_steps=1.0, errors=1),
+    ]
+
+
+# ---------------------------------------------------------------------- progress_ranking
+def test_progress_ranking_orders_by_success_then_progress_then_fewer_steps_with_ties(lake):
+    got = rows(lake, "select episode_id, rank, task_episodes, percentile, in_top_percent from progress_ranking")
+    assert {NAME[r.pop("episode_id")]: r for r in got} == {
+        "e0": dict(rank=1, task_episodes=3, percentile=1.0, in_top_percent=True),
+        "e2": dict(rank=2, task_episodes=3, percentile=0.5, in_top_percent=True),   # same progress as e1, fewer steps
+        "e1": dict(rank=3, task_episodes=3, percentile=0.0, in_top_percent=False),
+        "e3": dict(rank=1, task_episodes=2, percentile=1.0, in_top_percent=True),   # exact tie: both rank 1
+        "e4": dict(rank=1, task_episodes=2, percentile=1.0, in_top_percent=True),
+        "e5": dict(rank=1, task_episodes=2, percentile=1.0, in_top_percent=True),
+        "e6": dict(rank=2, task_episodes=2, percentile=0.0, in_top_percent=False),
+    }
+
+
+@pytest.mark.parametrize("top_percent, expected", [
+    (100.0, {"e0", "e1", "e2", "e3", "e4", "e5", "e6"}),
+    (50.0, {"e0", "e2", "e3", "e4", "e5"}),     # ceil(3 * .5) = 2 of task A; ties at the cut stay in
+    (1.0, {"e0", "e3", "e4", "e5"}),            # at least the best of every task
+])
+def test_progress_ranking_top_percent_cut(lake, top_percent, expected):
+    got = rows(lake, "select episode_id from progress_ranking where in_top_percent", top_percent=top_percent)
+    assert {NAME[r["episode_id"]] for r in got} == expected
+
+
+# ---------------------------------------------------------------------- bc_rows
+def test_bc_rows_top_percent_valid_actions_no_errored_episodes(lake):
+    got = rows(lake, "select episode_id, step_idx, completion, prompt from bc_rows order by all", top_percent=50.0)
+    assert sorted((NAME[r["episode_id"]], r["step_idx"], r["completion"]) for r in got) == [
+        ("e0", 0, "click('a')"), ("e0", 1, "click('b')"), ("e2", 0, "click('c')"),
+        ("e3", 0, "click('x')"), ("e3", 1, "click('y')"), ("e4", 0, "click('y')"), ("e4", 1, "click('x')"),
+        ("e5", 0, "click('p')"),
+    ]
+    assert json.loads(got[0]["prompt"])[0]["role"] == "system"
+    everything = rows(lake, "select episode_id, step_idx from bc_rows", top_percent=100.0)
+    # e1's invalid step 2 and the errored e6 never become BC rows
+    assert sorted((NAME[r["episode_id"]], r["step_idx"]) for r in everything) == [
+        ("e0", 0), ("e0", 1), ("e1", 0), ("e1", 1), ("e2", 0), ("e3", 0), ("e3", 1), ("e4", 0), ("e4", 1), ("e5", 0)]
+
+
+# ---------------------------------------------------------------------- dpo_pairs
+def test_dpo_pairs_best_vs_worst(lake):
+    got = rows(lake, "select * from dpo_pairs")
+    # S0 of task A: e0 (rank 1) against e1 (rank 3); tied task B gives none; single-step prompts give none;
+    # task C's other attempt errored, so no pair.
+    assert [(r["source"], r["task_id"], NAME[r["chosen_episode_id"]], NAME[r["rejected_episode_id"]], r["chosen"],
+             r["rejected"], r["chosen_score"], r["rejected_score"], r["score_margin"]) for r in got] == [
+        ("episodes", A, "e0", "e1", "click('a')", "click('c')", 1.0, 0.0, 1.0)]
+    assert got[0]["prompt"] == prompt_for("S0")
+    assert got[0]["prompt_hash"] == ids.sha256_hex(prompt_for("S0"))
+
+
+def test_dpo_pairs_all(lake):
+    got = rows(lake, "select chosen_episode_id, rejected_episode_id, chosen, rejected from dpo_pairs",
+               dpo_pairing="all")
+    # e2 vs e1 is no pair: same output
+    assert sorted((NAME[r["chosen_episode_id"]], NAME[r["rejected_episode_id"]], r["chosen"], r["rejected"])
+                  for r in got) == [("e0", "e1", "click('a')", "click('c')"), ("e0", "e2", "click('a')", "click('c')")]
+
+
+def test_dpo_pairs_worst_is_the_worst_whose_output_differs(tmp_path):
+    t = "miniwob.pair"
+    lake = build(tmp_path / "lake", [
+        (episode("r", t, 0, success=True), [step("S", "click('x')", cumulative=1.0)]),
+        (episode("r", t, 1), [step("S", "click('y')", cumulative=0.5)]),
+        (episode("r", t, 2), [step("S", "click('x')", cumulative=0.0)]),   # worst, but says what the best said
+    ])
+    got = rows(lake, "select chosen_episode_id, rejected_episode_id, chosen_score, rejected_score from dpo_pairs")
+    assert got == [dict(chosen_episode_id=ids.episode_id("r", t, 1, 0), rejected_episode_id=ids.episode_id("r", t, 1, 1),
+                        chosen_score=1.0, rejected_score=0.5)]
+
+
+def test_dpo_pairs_from_candidates(tmp_path):
+    lake = build(tmp_path / "lake", [])
+    eid = ids.episode_id("r", A, 1, 0)
+    p = prompt_for("S0")
+    append_rows(lake, "candidates", [
+        dict(run_id="r", env="miniwob", episode_id=eid, task_id=A, step_idx=0, state_hash="h", candidate_idx=i,
+             prompt=p, prompt_hash=ids.sha256_hex(p), model_output=out, score=score, score_source="critic")
+        for i, (out, score) in enumerate([("click('a')", 0.9), ("click('z')", 0.1), ("click('y')", 0.5),
+                                          ("click('a')", 0.2)])
+    ])
+    best = rows(lake, "select source, chosen, rejected, chosen_score, rejected_score from dpo_pairs")
+    assert best == [dict(source="candidates", chosen="click('a')", rejected="click('z')", chosen_score=0.9,
+                         rejected_score=0.1)]
+    every = rows(lake, "select chosen, rejected, score_margin from dpo_pairs", dpo_pairing="all")
+    assert sorted((r["chosen"], r["rejected"], round(r["score_margin"], 9)) for r in every) == [
+        ("click('a')", "click('y')", 0.4), ("click('a')", "click('z')", 0.1), ("click('a')", "click('z')", 0.8),
+        ("click('y')", "click('a')", 0.3), ("click('y')", "click('z')", 0.4)]
+
+
+# ---------------------------------------------------------------------- grpo_groups
+def grpo(lake, level, **params):
+    got = rows(lake, f"select * from grpo_groups where level = '{level}' order by episode_id, step_idx", **params)
+    return {(NAME[r["episode_id"]], r["step_idx"]): r for r in got}
+
+
+def test_grpo_episode_level_groups_advantages_and_zero_std(lake):
+    g = grpo(lake, "episode")
+    # the errored e6 is in no group
+    assert sorted(g) == [("e0", 0), ("e0", 1), ("e1", 0), ("e1", 1), ("e1", 2), ("e2", 0), ("e3", 0), ("e3", 1),
+                         ("e4", 0), ("e4", 1), ("e5", 0)]
+    a = g["e0", 0]
+    assert a["group_key"] == f"{A}|1|v0"
+    assert a["group_size"] == 3 and a["zero_std"] is False
+    assert a["reward"] == 3.0 and a["group_mean"] == 1.0
+    assert a["group_std"] == pytest.approx(math.sqrt(((3 - 1) ** 2 + (-0.5 - 1) ** 2 + (0.5 - 1) ** 2) / 2))
+    assert {k: r["advantage"] for k, r in g.items() if k[0] in ("e0", "e1", "e2")} == {
+        ("e0", 0): 2.0, ("e0", 1): 2.0, ("e1", 0): -1.5, ("e1", 1): -1.5, ("e1", 2): -1.5, ("e2", 0): -0.5}
+    # all-equal rewards: zero_std, no advantage
+    for k in [("e3", 0), ("e3", 1), ("e4", 0), ("e4", 1)]:
+        assert (g[k]["group_size"], g[k]["zero_std"], g[k]["group_std"], g[k]["advantage"]) == (2, True, 0.0, 0.0)
+    # a single clean attempt: a group of one
+    assert (g["e5", 0]["group_size"], g["e5", 0]["zero_std"], g["e5", 0]["advantage"]) == (1, True, 0.0)
+    assert g["e0", 1]["completion"] == "click('b')" and g["e0", 1]["prompt"] == prompt_for("S1")
+    assert g["e0", 0]["member_id"] == EP["e0"]
+
+
+def test_grpo_step_level_anchor_states_shared_across_attempts(lake):
+    gamma, omega = 0.5, 0.5
+    s = grpo(lake, "step", gamma=gamma, omega=omega)
+    # discounted returns by hand: e0 [.5, 2.5], e1 [.5, -.5, -.5], e2 [.5]
+    returns = {("e0", 0): 0.5 + gamma * 2.5, ("e0", 1): 2.5,
+               ("e1", 0): 0.5 + gamma * (-0.5 + gamma * -0.5), ("e1", 1): -0.5 + gamma * -0.5, ("e1", 2): -0.5,
+               ("e2", 0): 0.5}
+    for k, v in returns.items():
+        assert s[k]["reward"] == pytest.approx(v), k
+    s0_mean = (returns["e0", 0] + returns["e1", 0] + returns["e2", 0]) / 3
+    s2_mean = (returns["e1", 1] + returns["e1", 2]) / 2
+    # S0 is one anchor across three attempts; S2 is one anchor visited twice in e1; S1 is seen once
+    for k in [("e0", 0), ("e1", 0), ("e2", 0)]:
+        assert s[k]["group_size"] == 3 and s[k]["zero_std"] is False
+        assert s[k]["group_mean"] == pytest.approx(s0_mean)
+        assert s[k]["advantage"] == pytest.approx(returns[k] - s0_mean)
+        assert s[k]["group_key"] == f"{A}|1|v0|{ids.state_hash('http://site/S0', observation('S0'))}"
+    assert (s["e0", 1]["group_size"], s["e0", 1]["zero_std"], s["e0", 1]["advantage"]) == (1, True, 0.0)
+    assert s["e1", 1]["group_size"] == 2 and s["e1", 1]["advantage"] == pytest.approx(returns["e1", 1] - s2_mean)
+    assert s["e1", 2]["advantage"] == pytest.approx(returns["e1", 2] - s2_mean)
+    assert s["e1", 1]["member_id"] == f"{EP['e1']}:1"
+    # combined advantage A = A_episode + omega * A_step, the same on both levels
+    e = grpo(lake, "episode", gamma=gamma, omega=omega)
+    episode_adv = {"e0": 2.0, "e1": -1.5, "e2": -0.5}
+    for k, r in s.items():
+        if k[0] in episode_adv:
+            want = episode_adv[k[0]] + omega * r["advantage"]
+            assert r["combined_advantage"] == pytest.approx(want), k
+            assert e[k]["combined_advantage"] == pytest.approx(want), k
+    # omega = 0 leaves the episode advantage alone; gamma = 0 makes returns the step's own reward
+    flat = grpo(lake, "step", gamma=0.0, omega=0.0)
+    assert flat["e0", 0]["reward"] == 0.5 and flat["e0", 0]["combined_advantage"] == 2.0
+
+
+def test_grpo_steps_without_state_hash_are_not_grouped(tmp_path):
+    t = "miniwob.nostate"
+    s0 = {**step("S", "click('a')", progress=1.0), "state_hash": None}
+    s1 = {**step("T", "click('b')"), "state_hash": None}
+    lake = build(tmp_path / "lake", [(episode("r", t, 0), [s0, s1]), (episode("r", t, 1), [{**s0, "r_progress": 0.0}])])
+    got = rows(lake, "select group_size from grpo_groups where level = 'step'")
+    assert [r["group_size"] for r in got] == [1, 1, 1]
+
+
+# ---------------------------------------------------------------------- reward_stats
+def test_reward_stats_per_run_and_per_policy_version(lake):
+    got = rows(lake, "select * from reward_stats order by scope, run_id, policy_version")
+    r1 = [3.0, -0.5, 0.5, 0.25, 0.25]
+    mean = sum(r1) / 5
+    std = math.sqrt(sum((x - mean) ** 2 for x in r1) / 4)
+    expected_r1 = dict(n_episodes=5, n_groups=2, n_trainable_groups=1, frac_reward_zero_std=0.5,
+                       success_rate=0.2, reward_mean=pytest.approx(mean), reward_std=pytest.approx(std))
+    expected_r2 = dict(n_episodes=1, n_groups=1, n_trainable_groups=0, frac_reward_zero_std=1.0,
+                       success_rate=0.0, reward_mean=0.5, reward_std=0.0)
+    assert got == [
+        dict(scope="policy_version", run_id=None, policy_version="v0", **expected_r1),
+        dict(scope="policy_version", run_id=None, policy_version="v1", **expected_r2),
+        dict(scope="run", run_id="r1", policy_version="v0", **expected_r1),
+        dict(scope="run", run_id="r2", policy_version="v1", **expected_r2),
+    ]
+
+
+# ---------------------------------------------------------------------- eval_matrix
+def test_eval_matrix_per_mode_and_site(lake):
+    got = rows(lake, "select * from eval_matrix order by mode, site")
+    assert got == [
+        dict(mode="model", site="miniwob", split="train", n_episodes=2, n_tasks=1, success_rate=0.0,
+             mean_task_reward=0.0, mean_shaped_return=0.25, median_steps=1.0, error_rate=0.5),
+        dict(mode="random", site="gomail", split="train", n_episodes=2, n_tasks=1, success_rate=0.0,
+             mean_task_reward=0.0, mean_shaped_return=0.25, median_steps=2.0, error_rate=0.0),
+        dict(mode="random", site="miniwob", split="train", n_episodes=3, n_tasks=1, success_rate=pytest.approx(1 / 3),
+             mean_task_reward=pytest.approx(1 / 3), mean_shaped_return=pytest.approx(1.0), median_steps=2.0,
+             error_rate=0.0),
+    ]
+
+
+# ---------------------------------------------------------------------- screenshots
+def test_screenshots_view_hides_copies(tmp_path):
+    lake = build(tmp_path / "lake", [])
+    shot = {"hash_prefix": "a", "hash": "a" * 64, "image": b"\x89PNG one", "format": "png", "width": 2, "height": 1}
+    other = {**shot, "hash_prefix": "b", "hash": "b" * 64, "image": b"\x89PNG two"}
+    # two writers stored the same image at once: two commits, the same hash
+    lake.append("screenshots", pa.Table.from_pylist([shot, other]))
+    lake.append("screenshots", pa.Table.from_pylist([shot]))
+    assert rows(lake, "select count(*) as n from screenshots_all") == [{"n": 3}]
+    assert rows(lake, "select hash, image, width, height from screenshots order by hash") == [
+        {"hash": "a" * 64, "image": b"\x89PNG one", "width": 2, "height": 1},
+        {"hash": "b" * 64, "image": b"\x89PNG two", "width": 2, "height": 1}]
+
+
+def test_every_view_reads_an_empty_lake(tmp_path):
+    from halo_data.views import view_names
+
+    lake = build(tmp_path / "lake", [])
+    for name in view_names():
+        assert rows(lake, f"select count(*) as n from {name}") == [{"n": 0}], name
