@@ -1,0 +1,320 @@
+"""A small OpenAI-compatible chat-completions server for a local transformers model.
+
+    python -m halo_agent.chat_server --model path/to/model [--lora-modules dpo=path/to/adapter] [--port 8000]
+
+It speaks the subset of the protocol HALO's ``openai`` policy uses, the way
+vLLM does: ``POST /v1/chat/completions`` (``messages`` with text and image
+content parts, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
+``max_completion_tokens``, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``),
+``GET /v1/models`` (the base model and its LoRA adapters, which requests select
+by name, as with vLLM's ``--lora-modules``), and OpenAI-style error bodies. It
+binds to 127.0.0.1 only. Image parts are accepted and checked (base64 data URLs)
+and shown to the text model as ``<image>``; serve vision models with vLLM.
+
+It is meant for tests and small local models; use vLLM for anything large.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import collections
+import http.server
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Mapping
+
+from halo_agent.policies.hf_policy import LocalChatModel, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class RequestError(Exception):
+    """A request the server refuses, with the HTTP status and OpenAI error type to answer."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+def _check_image_part(part: Mapping[str, Any]) -> int:
+    """Validate an image content part; returns its decoded size in bytes (remote URLs: 0)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    if not isinstance(url, str) or not url:
+        raise RequestError("image_url part without a url", param="messages")
+    if url.startswith("data:"):
+        header, _, data = url.partition(",")
+        if ";base64" not in header or not header[5:].startswith("image/"):
+            raise RequestError("image data URLs must be data:image/<format>;base64,...", param="messages")
+        try:
+            return len(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError):
+            raise RequestError("image data URL is not valid base64", param="messages") from None
+    if url.startswith(("http://", "https://")):
+        raise RequestError("this server does not fetch remote images: send base64 data URLs", param="messages")
+    raise RequestError(f"unsupported image url scheme in {url[:30]!r}", param="messages")
+
+
+def _check_messages(messages: Any) -> dict[str, int]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    n_images, image_bytes = 0, 0
+    for m in messages:
+        if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
+            raise RequestError("each message needs a role: system, user, assistant, developer or tool", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind == "text":
+                    if not isinstance(part.get("text"), str):
+                        raise RequestError("text part without text", param="messages")
+                elif kind == "image_url":
+                    image_bytes += _check_image_part(part)
+                    n_images += 1
+                else:
+                    raise RequestError(f"unsupported content part type {kind!r}", param="messages")
+        elif content is not None and not isinstance(content, str):
+            raise RequestError("message content must be a string or a list of parts", param="messages")
+    return {"images": n_images, "image_bytes": image_bytes}
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RequestError(f"{key} must be a number in [{low}, {high}]", param=key)
+    return value
+
+
+class ChatCompletionServer:
+    """The server around one ``LocalChatModel``; ``start()`` serves from a thread, ``url`` is its base URL.
+
+    ``api_key``: if set, requests must carry ``Authorization: Bearer <api_key>``.
+    ``received`` keeps a summary of recent requests (for tests and debugging; no image data).
+    """
+
+    def __init__(
+        self,
+        engine: LocalChatModel,
+        served_model_name: str | None = None,
+        port: int = 0,
+        api_key: str | None = None,
+        max_tokens_limit: int = 1024,
+    ) -> None:
+        self.engine = engine
+        self.served_model_name = served_model_name or os.path.basename(os.path.normpath(engine.model_path))
+        self.api_key = api_key
+        self.max_tokens_limit = max_tokens_limit
+        self.received: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> "ChatCompletionServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="chat-server", daemon=True)
+        self._thread.start()
+        log.info("chat completions for %s at %s", self.served_model_name, self.url)
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "ChatCompletionServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ protocol
+
+    def models(self) -> dict[str, Any]:
+        created = int(time.time())
+        data = [{"id": self.served_model_name, "object": "model", "created": created, "owned_by": "halo", "root": self.engine.model_path, "parent": None}]
+        for name in self.engine.adapter_names:
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "halo", "root": name, "parent": self.served_model_name})
+        return {"object": "list", "data": data}
+
+    def chat_completion(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, Mapping):
+            raise RequestError("the request body must be a JSON object")
+        model = body.get("model")
+        if model == self.served_model_name:
+            adapter = None
+        elif model in self.engine.adapter_names:
+            adapter = model
+        else:
+            raise RequestError(f"The model `{model}` does not exist.", status=404, kind="NotFoundError", param="model")
+        if body.get("stream"):
+            raise RequestError("streaming is not supported by this server", param="stream")
+        images = _check_messages(body.get("messages"))
+        n = int(_number(body, "n", 1, 1, MAX_N))
+        temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
+        top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = int(_number({"max_tokens": max_tokens}, "max_tokens", 256, 1, self.max_tokens_limit))
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise RequestError("seed must be an integer", param="seed")
+        stop = body.get("stop")
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        want_logprobs = bool(body.get("logprobs"))
+        top_logprobs = int(_number(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)) if want_logprobs else 0
+        self.received.append(
+            {"model": model, "n": n, "temperature": temperature, "max_tokens": max_tokens, "seed": seed,
+             "logprobs": want_logprobs, "messages": len(body["messages"]), **images}
+        )
+        batch = self.engine.generate(
+            body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
+            seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
+        )
+        choices = []
+        for i, g in enumerate(batch.generations):
+            logprobs = None
+            if want_logprobs:
+                content = []
+                for j, (token, lp) in enumerate(zip(g.tokens, g.logprobs)):
+                    entry = {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+                    if g.top_logprobs:
+                        entry["top_logprobs"] = [
+                            {"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in g.top_logprobs[j]
+                        ]
+                    content.append(entry)
+                logprobs = {"content": content, "refusal": None}
+            choices.append(
+                {"index": i, "message": {"role": "assistant", "content": g.text, "refusal": None},
+                 "logprobs": logprobs, "finish_reason": g.finish_reason}
+            )
+        completion_tokens = sum(len(g.token_ids) for g in batch.generations)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": batch.prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": batch.prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            server_version = "HALO-ChatServer/1"
+            protocol_version = "HTTP/1.1"
+
+            def _send(self, status: int, payload: Mapping[str, Any]) -> None:
+                data = json.dumps(payload).encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _error(self, e: RequestError) -> None:
+                self._send(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.status}})
+
+            def _authorised(self) -> bool:
+                if not server.api_key:
+                    return True
+                return self.headers.get("Authorization", "") == f"Bearer {server.api_key}"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if not self._authorised():
+                    return self._error(RequestError("invalid API key", 401, "authentication_error"))
+                if self.path.rstrip("/") in ("/v1/models", "/models"):
+                    return self._send(200, server.models())
+                if self.path.rstrip("/") in ("/health", "/v1/health"):
+                    return self._send(200, {"status": "ok"})
+                self._error(RequestError(f"no route {self.path}", 404, "not_found_error"))
+
+            def do_POST(self) -> None:  # noqa: N802
+                if not self._authorised():
+                    return self._error(RequestError("invalid API key", 401, "authentication_error"))
+                if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                    return self._error(RequestError(f"no route {self.path}", 404, "not_found_error"))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_BODY_BYTES:
+                    return self._error(RequestError("request body too large", 413))
+                try:
+                    body = json.loads(self.rfile.read(length) or b"null")
+                except json.JSONDecodeError as e:
+                    return self._error(RequestError(f"request body is not JSON: {e.msg}"))
+                try:
+                    self._send(200, server.chat_completion(body))
+                except RequestError as e:
+                    self._error(e)
+                except Exception as e:  # a generation failure is the server's fault: 500, like vLLM
+                    log.exception("chat completion failed")
+                    self._error(RequestError(f"generation failed: {type(e).__name__}: {e}", 500, "internal_server_error"))
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                log.debug("%s %s", self.address_string(), format % args)
+
+        return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m halo_agent.chat_server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="local model folder (transformers)")
+    parser.add_argument("--served-model-name", help="name clients use as `model` (default: the folder name)")
+    parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="LoRA adapters, selected by NAME")
+    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 = any free port)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
+    parser.add_argument("--max-tokens-limit", type=int, default=1024)
+    parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    adapters = {}
+    for item in args.lora_modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            sys.stderr.write(f"Error: --lora-modules takes NAME=PATH, got {item!r}\n")
+            return 2
+        adapters[name] = path
+    try:
+        engine = LocalChatModel(args.model, adapters=adapters, device=args.device)
+        server = ChatCompletionServer(
+            engine, args.served_model_name, port=args.port,
+            api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,
+        )
+    except (ModelLoadError, OSError) as e:
+        sys.stderr.write(f"Error: {e}\n")
+        return 1
+    sys.stdout.write(f"Serving {server.served_model_name} at {server.url} (HALO_VLLM_URL={server.url})\n")
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

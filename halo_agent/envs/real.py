@@ -1,0 +1,307 @@
+"""REAL tasks through agisdk 0.3.5: its BrowserGym environment, task registry and evaluators.
+
+Each episode runs agisdk's own ``BrowserEnv`` on its ``AbstractWebCloneTask``:
+setup opens ``<site>/config?run_id=..&task_id=..`` in a background page, the
+agent acts on ``<site>/``, and when the agent sends its answer
+(``send_msg_to_user``) the task reads the state difference from ``<site>/finish``
+and scores it with agisdk's evaluator (JMESPath queries or, for v2, the task's
+Python eval script). HALO adds the step record around it: the flattened AXTree
+and the elements it offers, a PNG screenshot, no HTML.
+
+Defaults follow agisdk's score mode: task version v2, a 1280x720 browser, 70 steps,
+BrowserGym's action set (with coordinate actions for screenshot policies). A
+browser or site failure raises ``EnvError``; an action the browser refused is
+``StepOutcome.action_error`` and the episode goes on. The episode ends when the
+agent answers (scored), reports the task infeasible, or runs out of steps.
+
+``site_urls`` (or ``HALO_REAL_SITE_URLS="gomail=http://127.0.0.1:8377,..."``)
+sends the tasks of a site to another address: a self-hosted clone, or the local
+clones in ``halo_agent.sites`` that the tests use.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import time
+from typing import Any, Mapping
+
+from halo_agent.envs.base import EnvError, PageState, StepOutcome, TaskSpec, UnknownTaskError, action_set, elements_from_axtree
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TASK_VERSION = "v2"
+DEFAULT_MAX_STEPS = 70
+DEFAULT_VIEWPORT = (1280, 720)
+SITE_URLS_ENV = "HALO_REAL_SITE_URLS"
+# Text and element ids (bid), pixel coordinates for screenshot policies, tabs and navigation.
+ACTION_SUBSETS = ("chat", "infeas", "bid", "coord", "nav", "tab")
+
+_MARKUP = re.compile(r"\[/?[a-z _#0-9]+\]")
+
+
+def parse_site_urls(value: str | Mapping[str, str] | None) -> dict[str, str]:
+    """``"gomail=http://127.0.0.1:8377,omnizon=http://..."`` (or a mapping) -> {site: base url}."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        items = []
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            site, sep, url = part.partition("=")
+            if not sep or not site.strip() or not url.strip():
+                raise ValueError(f"site url {part!r} must look like SITE=URL, e.g. gomail=http://127.0.0.1:8377")
+            items.append((site, url))
+    out = {}
+    for site, url in items:
+        url = str(url).strip().rstrip("/")
+        if not re.match(r"^https?://", url):
+            raise ValueError(f"site url for {site!r} must start with http:// or https://, got {url!r}")
+        out[str(site).strip()] = url
+    return out
+
+
+def route_agisdk_console_to_logging() -> None:
+    """agisdk prints progress, goals and whole state diffs to the terminal through a rich console;
+    under a rollout's progress bar that is noise, so its console goes to ``logging`` (DEBUG)."""
+    from agisdk.REAL.logging import logger as rich_logger
+
+    if getattr(rich_logger, "_halo_routed", False):
+        return
+    sdk_log = logging.getLogger("agisdk")
+
+    def to_logging(message: Any = "", *args: Any, **kwargs: Any) -> None:
+        if sdk_log.isEnabledFor(logging.DEBUG):
+            sdk_log.debug("%s", _MARKUP.sub("", str(message)))
+
+    rich_logger.print = to_logging
+    rich_logger._halo_routed = True
+
+
+def _png(screenshot: Any) -> bytes | None:
+    """BrowserGym hands the screenshot as an RGB array; the lake stores PNG bytes."""
+    if screenshot is None:
+        return None
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    # Level 1 is ~4x faster than the default and only slightly larger on UI screenshots.
+    Image.fromarray(screenshot).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def _task_class():
+    from agisdk.REAL.browsergym.webclones.base import AbstractWebCloneTask
+
+    class HaloWebCloneTask(AbstractWebCloneTask):
+        """agisdk's web-clone task, with the site address, browser size and timing set by HALO."""
+
+        def __init__(
+            self,
+            seed: int,
+            task_name: str,
+            task_version: str,
+            site_url: str | None = None,
+            viewport: dict | None = None,
+            slow_mo: int | None = None,
+            timeout: int | None = None,
+            run_id: str = "0",
+        ) -> None:
+            super().__init__(seed, task_name=task_name, task_version=task_version, run_id=run_id)
+            if site_url:
+                self.url = site_url
+            if viewport:
+                self.viewport = viewport
+            if slow_mo is not None:
+                self.slow_mo = slow_mo
+            if timeout is not None:
+                self.timeout = timeout
+
+    return HaloWebCloneTask
+
+
+class RealEnv:
+    """REAL web-clone tasks, one agisdk ``BrowserEnv`` per episode.
+
+    ``slow_mo_ms``: Playwright's delay per input action; agisdk's tasks default to
+    1000 ms, meant for watching a headful browser. HALO uses 0 unless asked:
+    the environment still waits for the DOM and for JS events after every action.
+    """
+
+    name = "real"
+
+    def __init__(
+        self,
+        headless: bool = True,
+        task_version: str = DEFAULT_TASK_VERSION,
+        task_registry: str | os.PathLike[str] | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        viewport: tuple[int, int] = DEFAULT_VIEWPORT,
+        site_urls: str | Mapping[str, str] | None = None,
+        slow_mo_ms: int | None = 0,
+        action_timeout_ms: int | None = None,
+        screenshot: bool = True,
+        terminate_on_infeasible: bool = True,
+        **_ignored: Any,
+    ) -> None:
+        from halo_agent.browser import ensure_environment
+
+        ensure_environment()
+        from halo_agent import registry
+
+        route_agisdk_console_to_logging()
+        self.headless = headless
+        self.task_version = task_version
+        self.max_steps = int(max_steps) if max_steps else DEFAULT_MAX_STEPS
+        self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
+        env_urls = parse_site_urls(os.environ.get(SITE_URLS_ENV))
+        self.site_urls = {**env_urls, **parse_site_urls(site_urls)}
+        self.slow_mo_ms = slow_mo_ms
+        self.action_timeout_ms = action_timeout_ms
+        self.screenshot = screenshot
+        self.terminate_on_infeasible = terminate_on_infeasible
+        self.task_registry = str(task_registry) if task_registry else None
+        registry.register_local_tasks()
+        if self.task_registry:
+            self._tasks = {t.task_id: t for t in registry.use_snapshot(self.task_registry)}
+        else:
+            self._tasks = None
+        self._actions = action_set(ACTION_SUBSETS)
+        self._env = None
+        self._task: TaskSpec | None = None
+        self._steps = 0
+        self._goal = ""
+
+    # ------------------------------------------------------------------ registry
+
+    @classmethod
+    def list_tasks(
+        cls, task_version: str = DEFAULT_TASK_VERSION, task_registry: str | os.PathLike[str] | None = None, **_: Any
+    ) -> list[TaskSpec]:
+        """The tasks of ``task_version`` (live registry), or of a snapshot file."""
+        from halo_agent import registry
+
+        if task_registry:
+            return registry.snapshot_tasks(registry.load_snapshot(task_registry))
+        return registry.list_real_tasks(task_version)
+
+    def _resolve(self, task: TaskSpec | str) -> TaskSpec:
+        from halo_agent import registry
+
+        task_id = task if isinstance(task, str) else task.task_id
+        if self._tasks is not None:
+            return registry.resolve_tasks([task_id], list(self._tasks.values()))[0]
+        if isinstance(task, TaskSpec) and "." in task.task_id:
+            return task
+        if "." not in task_id:
+            task_id = f"{self.task_version}.{task_id}"
+        version = task_id.split(".", 1)[0]
+        return registry.resolve_tasks([task_id], registry.list_real_tasks(version))[0]
+
+    # ------------------------------------------------------------------ episodes
+
+    def reset(self, task: TaskSpec | str, task_seed: int) -> PageState:
+        from agisdk.REAL.browsergym.core.env import BrowserEnv
+
+        spec = self._resolve(task)
+        version, name = spec.task_id.split(".", 1)
+        self._close_env()
+        site_url = self.site_urls.get(spec.site)
+        task_kwargs = {
+            "task_name": name,
+            "task_version": version,
+            "site_url": site_url,
+            "viewport": self.viewport,
+            "slow_mo": self.slow_mo_ms,
+            "timeout": self.action_timeout_ms,
+        }
+        self._env = BrowserEnv(
+            task_entrypoint=_task_class(),
+            task_kwargs=task_kwargs,
+            headless=self.headless,
+            wait_for_user_message=False,
+            terminate_on_infeasible=self.terminate_on_infeasible,
+            action_mapping=self._actions.to_python_code,
+        )
+        self._task = spec
+        self._steps = 0
+        try:
+            obs, _info = self._env.reset(seed=int(task_seed))
+        except UnknownTaskError:
+            raise
+        except Exception as e:  # Playwright, network and agisdk errors all end the episode alike
+            self._close_env()
+            raise EnvError(f"REAL reset of {spec.task_id} failed: {type(e).__name__}: {_first_line(e)}") from e
+        self._goal = obs.get("goal") or spec.goal or ""
+        return self._page_state(obs)
+
+    def step(self, action: str) -> StepOutcome:
+        if self._env is None:
+            raise EnvError("step() before reset(): start an episode first")
+        started = time.perf_counter()
+        try:
+            obs, reward, terminated, truncated, info = self._env.step(action)
+        except Exception as e:
+            raise EnvError(f"REAL step failed: {type(e).__name__}: {_first_line(e)}") from e
+        self._steps += 1
+        if self._steps >= self.max_steps and not terminated:
+            truncated = True
+        task_info = info.get("task_info") or {}
+        action_error = obs.get("last_action_error") or None
+        return StepOutcome(
+            page=self._page_state(obs),
+            reward=float(reward or 0.0),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            action_error=action_error,
+            raw_reward=float(task_info.get("local_reward", reward) or 0.0),
+            info={
+                "task_info": task_info,
+                "env_state": task_info.get("env_state"),
+                "step_seconds": time.perf_counter() - started,
+            },
+        )
+
+    def _page_state(self, obs: dict[str, Any]) -> PageState:
+        from agisdk.REAL.browsergym.utils.obs import flatten_axtree_to_str
+
+        axtree = obs.get("axtree_object") or {}
+        extra_properties = obs.get("extra_element_properties") or {}
+        return PageState(
+            goal=self._goal or obs.get("goal") or "",
+            url=obs.get("url") or "",
+            axtree=flatten_axtree_to_str(axtree),
+            elements=elements_from_axtree(axtree, extra_properties),
+            screenshot=_png(obs.get("screenshot")) if self.screenshot else None,
+            extra={
+                "focused_element_bid": obs.get("focused_element_bid"),
+                "open_pages_urls": list(obs.get("open_pages_urls") or []),
+                "last_action_error": obs.get("last_action_error") or None,
+                "chat_messages": list(obs.get("chat_messages") or []),
+                "viewport": (self.viewport["width"], self.viewport["height"]),
+                "site": self._task.site if self._task else None,
+                "task_version": self._task.task_version if self._task else None,
+            },
+        )
+
+    def _close_env(self) -> None:
+        if self._env is None:
+            return
+        try:
+            self._env.close()
+        except Exception as e:  # a crashed browser cannot close cleanly; the next reset starts fresh
+            log.debug("closing the REAL environment failed: %s", e)
+        self._env = None
+
+    def close(self) -> None:
+        self._close_env()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,348 @@
+"""A local transformers chat model (optionally with LoRA adapters) as a policy, and the generator behind it.
+
+``LocalChatModel`` loads a causal LM and its tokenizer from a folder (plus peft
+adapter folders), applies the tokenizer's chat template and samples ``n``
+completions, with the log-probability of every sampled token. ``HFPolicy`` wraps
+it as a HALO policy; ``halo_agent.chat_server`` serves it over the OpenAI
+protocol.
+
+Log-probabilities are those of the model's own distribution (log-softmax of the
+raw logits, before temperature or top-p), as vLLM and the OpenAI API report them,
+so behaviour logprobs mean the same thing whichever serves the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from halo_agent.actions import parse_for_observation
+from halo_agent.types import Observation, PolicyOutput
+
+log = logging.getLogger(__name__)
+
+# Where a chat turn shows an image to a text-only model.
+IMAGE_PLACEHOLDER = "<image>"
+
+
+class ModelLoadError(RuntimeError):
+    """The model or adapter folder cannot be loaded; the message says what to do."""
+
+
+@dataclasses.dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    logprobs: list[float]  # of each sampled token, under the model's raw distribution
+    finish_reason: str  # "stop" (end of sequence) | "length" (hit max_new_tokens)
+    top_logprobs: list[list[tuple[str, float]]] | None = None
+
+
+@dataclasses.dataclass
+class GenerationBatch:
+    generations: list[Generation]
+    prompt_tokens: int
+
+
+def flatten_content(content: Any) -> tuple[str, int]:
+    """Chat content (a string or OpenAI content parts) as text for a text-only model; returns (text, n_images)."""
+    if content is None:
+        return "", 0
+    if isinstance(content, str):
+        return content, 0
+    texts, n_images = [], 0
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(part.get("text", ""))
+        elif kind in ("image_url", "image_ref", "image", "input_image"):
+            texts.append(IMAGE_PLACEHOLDER)
+            n_images += 1
+    return "\n".join(texts), n_images
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
+    """Token ids of ``messages`` under the tokenizer's chat template, assistant turn opened; and the image count."""
+    flat, n_images = [], 0
+    for m in messages:
+        text, k = flatten_content(m.get("content"))
+        n_images += k
+        flat.append({"role": m.get("role", "user"), "content": text})
+    ids = tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
+        ids = ids["input_ids"]
+    return list(ids), n_images
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} asked for, but torch sees no CUDA GPU: use --device cpu")
+    return device
+
+
+class LocalChatModel:
+    """A causal LM from a local folder, sampling chat completions; thread-safe (one generation at a time).
+
+    ``adapters``: ``{name: adapter folder}`` loaded with peft. ``generate(..., adapter=name)``
+    uses one; ``adapter=None`` uses the base model.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        adapters: Mapping[str, str | os.PathLike[str]] | None = None,
+        device: str | None = "auto",
+        dtype: str | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.device = resolve_device(device)
+        if dtype in (None, "", "auto"):
+            torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
+        if self.model_path.startswith((os.sep, ".", "~")) and not os.path.isdir(os.path.expanduser(self.model_path)):
+            raise ModelLoadError(f"no model folder at {self.model_path}: pass a folder with config.json and tokenizer files")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot load a model from {self.model_path}: {_first_line(e)}") from e
+        if self.tokenizer.chat_template is None:
+            raise ModelLoadError(f"the tokenizer in {self.model_path} has no chat template: add one to tokenizer_config.json")
+        self.adapter_names: list[str] = []
+        if adapters:
+            from peft import PeftModel
+
+            for i, (name, path) in enumerate(adapters.items()):
+                try:
+                    if i == 0:
+                        model = PeftModel.from_pretrained(model, str(path), adapter_name=name)
+                    else:
+                        model.load_adapter(str(path), adapter_name=name)
+                except (OSError, ValueError) as e:
+                    raise ModelLoadError(f"cannot load adapter {name!r} from {path}: {_first_line(e)}") from e
+                self.adapter_names.append(name)
+        self.model = model.to(self.device).eval()
+        self._lock = threading.Lock()
+        self.eos_token_ids = self._eos_ids()
+
+    def _eos_ids(self) -> list[int]:
+        ids = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        return sorted(ids)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        n: int = 1,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        seed: int | None = None,
+        adapter: str | None = None,
+        top_logprobs: int = 0,
+        stop: Sequence[str] | None = None,
+    ) -> GenerationBatch:
+        import torch
+
+        if adapter is not None and adapter not in self.adapter_names:
+            raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
+        prompt_ids, _ = self.chat_prompt(messages)
+        input_ids = torch.tensor([prompt_ids], device=self.device)
+        do_sample = temperature > 0
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max(1, int(max_new_tokens)),
+            num_return_sequences=max(1, int(n)),
+            do_sample=do_sample,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0],
+            eos_token_id=self.eos_token_ids or None,
+        )
+        if do_sample:
+            kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        with self._lock:
+            if seed is not None:
+                torch.manual_seed(int(seed))
+            with torch.inference_mode(), self._adapter_context(adapter):
+                out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        sequences = out.sequences[:, len(prompt_ids):]
+        # logits: one (n, vocab) tensor per generated position, before any processing.
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)
+        generations = []
+        for i in range(sequences.shape[0]):
+            ids = sequences[i].tolist()
+            length, finish = len(ids), "length"
+            for j, t in enumerate(ids):
+                if t in self.eos_token_ids:
+                    length, finish = j, "stop"
+                    break
+            kept = ids[:length]
+            token_lp = [float(logprobs[i, j, t]) for j, t in enumerate(kept)]
+            top = None
+            if top_logprobs > 0 and kept:
+                values, indices = logprobs[i, :length].topk(min(top_logprobs, logprobs.shape[-1]), dim=-1)
+                top = [
+                    [(self.tokenizer.decode([int(k)]), float(v)) for v, k in zip(values[j].tolist(), indices[j].tolist())]
+                    for j in range(length)
+                ]
+            text = self.tokenizer.decode(kept, skip_special_tokens=True)
+            if stop:
+                cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+            generations.append(
+                Generation(
+                    text=text,
+                    token_ids=kept,
+                    tokens=[self.tokenizer.decode([t]) for t in kept],
+                    logprobs=token_lp,
+                    finish_reason=finish,
+                    top_logprobs=top,
+                )
+            )
+        return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids))
+
+    def _adapter_context(self, adapter: str | None):
+        import contextlib
+
+        if not self.adapter_names:
+            return contextlib.nullcontext()
+        if adapter is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(adapter)
+        return contextlib.nullcontext()
+
+
+class HFPolicy:
+    """A local transformers model as a text (AXTree) policy.
+
+    ``model``: a model folder; ``adapter``: a LoRA adapter folder trained on it
+    (``halo-train`` writes these). Sampling is reproducible: the generator is
+    seeded from the episode seed and the step index.
+    """
+
+    name = "hf"
+    uses_screenshot = False
+
+    def __init__(
+        self,
+        model: str,
+        adapter: str | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        n: int = 1,
+        max_new_tokens: int = 128,
+        device: str | None = "auto",
+        policy_version: str | None = None,
+        seed: int | None = None,
+        **_ignored: Any,
+    ) -> None:
+        if not model:
+            raise ModelLoadError("the hf policy needs --model: a local model folder")
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        if temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        self.model = str(model)
+        self.adapter = str(adapter) if adapter else None
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.n = int(n)
+        self.max_new_tokens = int(max_new_tokens)
+        adapters = {"policy": self.adapter} if self.adapter else None
+        self._engine = LocalChatModel(self.model, adapters=adapters, device=device)
+        self.policy_version = policy_version or _version_of(self.model, self.adapter)
+        self._seed = seed
+        self.last_samples: list[PolicyOutput] = []
+
+    def config(self) -> dict[str, Any]:
+        """The policy's settings for the run record."""
+        return {
+            "policy": self.name,
+            "model": self.model,
+            "adapter": self.adapter,
+            "policy_version": self.policy_version,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "n": self.n,
+            "max_new_tokens": self.max_new_tokens,
+            "device": self._engine.device,
+        }
+
+    def reset(self, seed: int) -> None:
+        self._seed = int(seed)
+
+    def act(self, obs: Observation) -> PolicyOutput:
+        started = time.perf_counter()
+        step_seed = None if self._seed is None else _step_seed(self._seed, obs.step_idx)
+        batch = self._engine.generate(
+            obs.messages,
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=step_seed,
+            adapter="policy" if self.adapter else None,
+        )
+        latency = (time.perf_counter() - started) * 1000.0
+        samples = []
+        for g in batch.generations:
+            action, error = parse_for_observation(g.text, obs)
+            samples.append(
+                PolicyOutput(
+                    model_output=g.text,
+                    action=action,
+                    action_source="model",
+                    parse_error=error,
+                    latency_ms=latency,
+                    prompt_tokens=batch.prompt_tokens,
+                    completion_tokens=len(g.token_ids),
+                    logprobs=g.logprobs,
+                    logprob_sum=float(sum(g.logprobs)),
+                )
+            )
+        self.last_samples = samples
+        return samples[0]
+
+    def close(self) -> None:
+        self._engine = None  # type: ignore[assignment]
+
+
+def _step_seed(seed: int, step_idx: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}\x1f{step_idx}".encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def _version_of(model: str, adapter: str | None) -> str:
+    label = f"hf:{Path(model).name}"
+    if adapter:
+        label += f"+{Path(adapter).name}"
+    return label
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,396 @@
+"""A policy served by any OpenAI-compatible chat endpoint: OpenAI models, or vLLM with LoRA adapters.
+
+Where it points (first set wins): ``base_url=``, ``HALO_VLLM_URL``,
+``OPENAI_BASE_URL``, else api.openai.com. The key: ``api_key=``, else
+``OPENAI_API_KEY`` (a local endpoint needs none). The key never leaves this
+object: it is not in ``config()``, and error texts are scrubbed of it before
+they reach a ``PolicyOutput``.
+
+``model`` is the name the endpoint serves; with vLLM that may be a LoRA adapter
+served through ``--lora-modules NAME=PATH`` (``model="NAME"``). Pass
+``adapter=NAME`` with ``model=BASE`` to record both: requests then name the adapter.
+
+Text mode sends the goal and AXTree prompt (``Observation.messages``, images
+dropped); screenshot mode resolves the prompt's image references to base64 PNG
+``image_url`` parts and accepts coordinate actions (``mouse_click(x, y)``;
+``coordinate_scale=1000`` for models such as Qwen3-VL that answer on a 0..1000 grid).
+
+Each call asks for ``n`` samples: the first is the action, all of them are in
+``last_samples`` (for the ``candidates`` table). 429s, 5xx, timeouts and
+connection failures are retried with exponential backoff; what still fails comes
+back as ``PolicyOutput.api_error`` — apart from a wrong answer (a parsed action the
+environment scores) and an unparseable one (``parse_error``; the episode goes on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import re
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable
+
+from halo_agent.actions import parse_for_observation, png_size, rescale_coordinates
+from halo_agent.types import Observation, PolicyOutput
+
+log = logging.getLogger(__name__)
+
+BASE_URL_ENV_VARS = ("HALO_VLLM_URL", "OPENAI_BASE_URL")
+API_KEY_ENV_VAR = "OPENAI_API_KEY"
+OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+# Request parameters some endpoints refuse (reasoning models: logprobs, max_tokens; some servers: seed, n).
+_OPTIONAL_PARAMS = ("logprobs", "seed", "max_tokens")
+
+_SEMAPHORES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_SEMAPHORES_LOCK = threading.Lock()
+
+
+class PolicyConfigError(ValueError):
+    """The policy cannot be set up as asked; the message says what to do."""
+
+
+class PolicyAPIError(RuntimeError):
+    """The endpoint failed after the retries allowed (already scrubbed of secrets)."""
+
+
+def _concurrency_slot(base_url: str, limit: int) -> threading.BoundedSemaphore:
+    """One cap per endpoint per process, shared by every policy object that talks to it."""
+    with _SEMAPHORES_LOCK:
+        key = (base_url, limit)
+        if key not in _SEMAPHORES:
+            _SEMAPHORES[key] = threading.BoundedSemaphore(limit)
+        return _SEMAPHORES[key]
+
+
+def public_url(url: str) -> str:
+    """A URL safe to record: no user:password, no query string (where tokens hide)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+_TOKEN_PATTERNS = (
+    re.compile(r"sk-[A-Za-z0-9_\-*]{4,}"),  # OpenAI keys, also as echoed masked ("sk-abc*****xyz")
+    re.compile(r"(?i)bearer\s+[A-Za-z0-9._\-~+/=*]{8,}"),
+)
+
+
+class SecretScrubber:
+    """Removes a key (whole or as the first/last characters endpoints echo) from text."""
+
+    def __init__(self, secrets: list[str]):
+        self._secrets = [s for s in secrets if s and len(s) >= 6]
+
+    def __call__(self, text: str | None) -> str | None:
+        if text is None:
+            return None
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+            # Endpoints echo masked keys: the first and last few characters around stars.
+            head, tail = re.escape(secret[:6]), re.escape(secret[-4:])
+            text = re.sub(head + r"\S*" + tail, "[redacted]", text)
+        for pattern in _TOKEN_PATTERNS:
+            text = pattern.sub("[redacted]", text)
+        return text
+
+
+class OpenAIPolicy:
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        adapter: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        n: int = 1,
+        max_tokens: int = 256,
+        use_screenshot: bool = False,
+        coordinate_scale: float | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        max_concurrent: int = 8,
+        logprobs: bool = True,
+        policy_version: str | None = None,
+        image_loader: Callable[[str], tuple[bytes, str]] | None = None,
+        seed: int | None = None,
+        **_ignored: Any,
+    ) -> None:
+        import openai
+
+        if not model:
+            raise PolicyConfigError("the openai policy needs --model: the model (or LoRA adapter) name the endpoint serves")
+        if n < 1 or n > 128:
+            raise PolicyConfigError("n must be between 1 and 128")
+        if not 0.0 <= temperature <= 2.0:
+            raise PolicyConfigError("temperature must be between 0 and 2")
+        if max_tokens < 1:
+            raise PolicyConfigError("max_tokens must be at least 1")
+        if max_concurrent < 1:
+            raise PolicyConfigError("max_concurrent must be at least 1")
+        self.model = model
+        self.adapter = adapter
+        self.request_model = adapter or model
+        self.base_url = (base_url or next((os.environ[v] for v in BASE_URL_ENV_VARS if os.environ.get(v)), None) or OPENAI_DEFAULT_URL).rstrip("/")
+        key = api_key or os.environ.get(API_KEY_ENV_VAR)
+        if not key:
+            if self.base_url == OPENAI_DEFAULT_URL:
+                raise PolicyConfigError(
+                    "no API key: set OPENAI_API_KEY, or point HALO_VLLM_URL at an OpenAI-compatible server"
+                )
+            key = "EMPTY"  # vLLM and local servers accept any key unless started with one
+        self._scrub = SecretScrubber([key] if key != "EMPTY" else [])
+        self.temperature = float(temperature)
+        self.top_p = top_p
+        self.n = int(n)
+        self.max_tokens = int(max_tokens)
+        self.uses_screenshot = bool(use_screenshot)
+        self.coordinate_scale = float(coordinate_scale) if coordinate_scale else None
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.max_backoff_s = float(max_backoff_s)
+        self.max_concurrent = int(max_concurrent)
+        self.want_logprobs = bool(logprobs)
+        self.policy_version = policy_version or f"openai:{self.request_model}"
+        self.image_loader = image_loader
+        self._seed = seed
+        self._dropped_params: set[str] = set()
+        self._slot = _concurrency_slot(self.base_url, self.max_concurrent)
+        # Retries are ours (counted, with our backoff), so the client's own are off.
+        self._client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=key,
+            timeout=openai.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
+            max_retries=0,
+        )
+        self.last_samples: list[PolicyOutput] = []
+        self.last_retries = 0
+
+    # ------------------------------------------------------------------ the run record
+
+    def config(self) -> dict[str, Any]:
+        """The policy's settings for the run record: never the key."""
+        return {
+            "policy": self.name,
+            "model": self.model,
+            "adapter": self.adapter,
+            "request_model": self.request_model,
+            "policy_version": self.policy_version,
+            "base_url": public_url(self.base_url),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "n": self.n,
+            "max_tokens": self.max_tokens,
+            "use_screenshot": self.uses_screenshot,
+            "coordinate_scale": self.coordinate_scale,
+            "timeout_s": self.timeout_s,
+            "max_retries": self.max_retries,
+            "max_concurrent": self.max_concurrent,
+        }
+
+    # ------------------------------------------------------------------ policy protocol
+
+    def reset(self, seed: int) -> None:
+        self._seed = int(seed)
+
+    def act(self, obs: Observation) -> PolicyOutput:
+        started = time.perf_counter()
+        try:
+            messages = self.request_messages(obs)
+        except (KeyError, OSError, ValueError) as e:
+            return PolicyOutput(model_output=None, action=None, api_error=self._scrub(f"cannot build the request: {e}"),
+                                latency_ms=_ms(started))
+        try:
+            response = self._complete(messages, obs.step_idx)
+        except PolicyAPIError as e:
+            self.last_samples = []
+            return PolicyOutput(model_output=None, action=None, api_error=str(e), latency_ms=_ms(started))
+        latency = _ms(started)
+        usage = getattr(response, "usage", None)
+        viewport = self._viewport(obs)
+        samples = []
+        for choice in response.choices or []:
+            text = _choice_text(choice)
+            action, error = self._parse(text, obs, viewport)
+            token_logprobs = _choice_logprobs(choice)
+            samples.append(
+                PolicyOutput(
+                    model_output=self._scrub(text),
+                    action=action,
+                    action_source="model",
+                    parse_error=self._scrub(error),
+                    latency_ms=latency,
+                    prompt_tokens=getattr(usage, "prompt_tokens", None),
+                    completion_tokens=getattr(usage, "completion_tokens", None),
+                    logprobs=token_logprobs,
+                    logprob_sum=float(sum(token_logprobs)) if token_logprobs else None,
+                )
+            )
+        if not samples:
+            self.last_samples = []
+            return PolicyOutput(model_output=None, action=None, api_error="the endpoint returned no choices", latency_ms=latency)
+        self.last_samples = samples
+        return samples[0]
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------------ request
+
+    def request_messages(self, obs: Observation) -> list[dict[str, Any]]:
+        """The chat messages sent for ``obs``: its stored prompt, with images resolved (screenshot mode) or dropped."""
+        from halo_data.prompts import resolve_images, text_only
+
+        if not self.uses_screenshot:
+            return text_only(obs.messages)
+
+        def load_image(image_hash: str) -> tuple[bytes, str]:
+            if obs.screenshot is not None and image_hash == obs.screenshot_hash:
+                return obs.screenshot, "png"
+            if self.image_loader is not None:
+                return self.image_loader(image_hash)
+            raise KeyError(f"screenshot {image_hash[:12]} is neither the current one nor loadable (pass image_loader)")
+
+        return resolve_images(obs.messages, load_image)
+
+    def _viewport(self, obs: Observation) -> tuple[int, int] | None:
+        viewport = obs.extra.get("viewport") if obs.extra else None
+        if viewport:
+            return int(viewport[0]), int(viewport[1])
+        return png_size(obs.screenshot)
+
+    def _parse(self, text: str | None, obs: Observation, viewport: tuple[int, int] | None) -> tuple[str | None, str | None]:
+        if not self.uses_screenshot:
+            return parse_for_observation(text, obs)
+        if self.coordinate_scale and viewport:
+            grid = (int(self.coordinate_scale), int(self.coordinate_scale))
+            action, error = parse_for_observation(text, obs, allow_coordinates=True, viewport=grid)
+            if action is not None:
+                action = rescale_coordinates(action, self.coordinate_scale, viewport)
+            return action, error
+        return parse_for_observation(text, obs, allow_coordinates=True, viewport=viewport)
+
+    def _params(self, messages: list[dict[str, Any]], step_idx: int) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.request_model, "messages": messages, "temperature": self.temperature}
+        if self.n > 1:
+            params["n"] = self.n
+        if self.top_p is not None:
+            params["top_p"] = self.top_p
+        if "max_tokens" in self._dropped_params:
+            params["max_completion_tokens"] = self.max_tokens
+        else:
+            params["max_tokens"] = self.max_tokens
+        if self.want_logprobs and "logprobs" not in self._dropped_params:
+            params["logprobs"] = True
+        if self._seed is not None and "seed" not in self._dropped_params:
+            # A per-step seed: the same episode seed replays the same samples where the endpoint honours seeds.
+            digest = hashlib.sha256(f"{self._seed}\x1f{step_idx}".encode()).digest()
+            params["seed"] = int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+        return params
+
+    def _complete(self, messages: list[dict[str, Any]], step_idx: int):
+        import openai
+
+        self.last_retries = 0
+        attempt = 0
+        while True:
+            params = self._params(messages, step_idx)
+            try:
+                with self._slot:
+                    return self._client.chat.completions.create(**params)
+            except openai.BadRequestError as e:
+                dropped = self._unsupported_param(e, params)
+                if dropped:
+                    log.info("endpoint refuses %s; retrying without it", dropped)
+                    self._dropped_params.add(dropped)
+                    continue
+                raise PolicyAPIError(self._describe(e)) from None
+            except openai.APIStatusError as e:
+                if e.status_code not in RETRY_STATUSES or attempt >= self.max_retries:
+                    raise PolicyAPIError(self._describe(e, attempt)) from None
+                delay = self._backoff(attempt, e.response.headers.get("retry-after") if e.response is not None else None)
+                log.warning("endpoint answered %s; retry %d/%d in %.2fs", e.status_code, attempt + 1, self.max_retries, delay)
+            except (openai.APITimeoutError, openai.APIConnectionError) as e:
+                if attempt >= self.max_retries:
+                    raise PolicyAPIError(self._describe(e, attempt)) from None
+                delay = self._backoff(attempt, None)
+                log.warning("endpoint unreachable (%s); retry %d/%d in %.2fs", type(e).__name__, attempt + 1, self.max_retries, delay)
+            except openai.OpenAIError as e:  # malformed responses and the like: not worth retrying
+                raise PolicyAPIError(self._describe(e, attempt)) from None
+            attempt += 1
+            self.last_retries = attempt
+            time.sleep(delay)
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        delay = self.backoff_s * (2 ** attempt)
+        delay *= 1.0 + 0.25 * random.random()  # jitter, so parallel workers do not retry in lockstep
+        if retry_after:
+            try:
+                delay = max(delay, float(retry_after))
+            except ValueError:
+                pass
+        return min(delay, self.max_backoff_s)
+
+    def _unsupported_param(self, error: Exception, params: dict[str, Any]) -> str | None:
+        message = str(getattr(error, "message", error)).lower()
+        for name in _OPTIONAL_PARAMS:
+            if name in params and name not in self._dropped_params and name in message and (
+                "unsupported" in message or "not supported" in message or "does not support" in message
+            ):
+                return name
+        return None
+
+    def _describe(self, error: Exception, retries: int = 0) -> str:
+        import openai
+
+        status = getattr(error, "status_code", None)
+        body = getattr(error, "message", None) or str(error)
+        if isinstance(error, openai.APITimeoutError):
+            text = f"timeout after {self.timeout_s:g}s"
+        elif isinstance(error, openai.APIConnectionError):
+            text = f"cannot connect to {public_url(self.base_url)}"
+        else:
+            text = f"{type(error).__name__}" + (f" (HTTP {status})" if status else "") + f": {body}"
+        if retries:
+            text += f" [after {retries} retries]"
+        return self._scrub(" ".join(text.split()))[:500]
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+def _choice_text(choice: Any) -> str | None:
+    message = getattr(choice, "message", None)
+    if message is None:
+        return None
+    content = getattr(message, "content", None)
+    if content:
+        return content
+    # A model that answers with a tool call: its JSON is a JSON action for the parser.
+    tool_calls = getattr(message, "tool_calls", None) or []
+    for call in tool_calls:
+        function = getattr(call, "function", None)
+        if function is not None:
+            return f'{{"name": "{function.name}", "arguments": {function.arguments or "{}"}}}'
+    return content
+
+
+def _choice_logprobs(choice: Any) -> list[float] | None:
+    logprobs = getattr(choice, "logprobs", None)
+    content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if not content:
+        return None
+    return [float(t.logprob) for t in content]

@@ -1,0 +1,114 @@
+"""Local web clones that speak REAL's ``/config`` + ``/finish`` contract.
+
+The hosted REAL sites (GoMail, Omnizon, ...) are not reachable everywhere. A
+local clone lets agisdk's whole task path run offline: its ``AbstractWebCloneTask``
+opens ``<site>/config?run_id=..&task_id=..`` to reset the site for a task, the
+agent works on ``<site>/``, and the evaluator reads the state difference from the
+``<pre>`` of ``<site>/finish``. The clones keep their state in the origin's
+``localStorage`` as the hosted ones do, so each browser context (one per episode)
+has its own data and parallel workers never interfere.
+
+Serve one::
+
+    python -m halo_agent.sites gomail --port 8377
+
+The tasks in ``halo_agent/sites/tasks`` (task version ``halo-local``) point at that
+default address; ``halo_agent.registry.register_local_tasks()`` registers them with
+agisdk, and ``RealEnv(site_urls={"gomail": url})`` sends any task of a site (also
+agisdk's own v2 GoMail tasks) to another address.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import threading
+import urllib.parse
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SITES_DIR = Path(__file__).resolve().parent
+TASKS_DIR = SITES_DIR / "tasks"
+LOCAL_TASK_VERSION = "halo-local"
+DEFAULT_PORT = 8377
+SITES = ("gomail",)
+
+# The contract's endpoints, served by static pages whose scripts do the work in the browser.
+_ROUTES = {"/": "index.html", "/config": "config.html", "/finish": "finish.html", "/submit": "finish.html"}
+_CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                  ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
+
+
+class UnknownSiteError(ValueError):
+    pass
+
+
+def _handler_for(root: Path) -> type[http.server.BaseHTTPRequestHandler]:
+    class SiteHandler(http.server.BaseHTTPRequestHandler):
+        server_version = "HALO-LocalSite/1"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = urllib.parse.urlsplit(self.path).path
+            # agisdk joins "<start url>" + "/config"; a start URL ending in "/" gives "//config".
+            path = "/" + path.lstrip("/")
+            name = _ROUTES.get(path.rstrip("/") or "/", path.lstrip("/"))
+            file = (root / name).resolve()
+            if root not in file.parents or not file.is_file():
+                self.send_error(404, "Not found")
+                return
+            body = file.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", _CONTENT_TYPES.get(file.suffix, "application/octet-stream"))
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
+            log.debug("%s %s", self.address_string(), format % args)
+
+    return SiteHandler
+
+
+class LocalSite:
+    """One local clone served on 127.0.0.1 from a background thread.
+
+    >>> with LocalSite("gomail") as site:   # a free port
+    ...     site.url                           # 'http://127.0.0.1:PORT'
+    """
+
+    def __init__(self, site: str = "gomail", port: int = 0, host: str = "127.0.0.1"):
+        root = SITES_DIR / site
+        if site not in SITES or not root.is_dir():
+            raise UnknownSiteError(f"unknown local site {site!r}: choose one of {', '.join(SITES)}")
+        self.site = site
+        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(root.resolve()))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "LocalSite":
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"site-{self.site}", daemon=True)
+        self._thread.start()
+        log.info("local %s site at %s", self.site, self.url)
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "LocalSite":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

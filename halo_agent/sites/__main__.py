@@ -1,0 +1,33 @@
+"""Serve a local REAL clone: ``python -m halo_agent.sites gomail [--port 8377]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from halo_agent.sites import DEFAULT_PORT, SITES, LocalSite, UnknownSiteError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m halo_agent.sites", description=__doc__)
+    parser.add_argument("site", choices=SITES)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 = any free port)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        site = LocalSite(args.site, port=args.port)
+    except (UnknownSiteError, OSError) as e:
+        sys.stderr.write(f"Error: {e}\n")
+        return 1
+    sys.stdout.write(f"Serving {args.site} at {site.url} (Ctrl-C to stop)\n")
+    sys.stdout.flush()
+    try:
+        site.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Loading a base model with fresh LoRA weights: unsloth on a CUDA GPU where installed, plain peft otherwise.
+
+``--backend auto`` picks unsloth when a CUDA GPU is visible and ``import unsloth``
+works, and peft everywhere else; ``--backend unsloth`` without either is an
+error that says so. unsloth stays an optional import: nothing here imports it
+unless it is chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any
+
+from halo_train.config import TrainConfig, TrainConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    model: Any  # a peft.PeftModel with trainable LoRA weights
+    tokenizer: Any
+    backend: str
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def unsloth_installed() -> bool:
+    return importlib.util.find_spec("unsloth") is not None
+
+
+def resolve_backend(requested: str) -> str:
+    if requested == "peft":
+        return "peft"
+    if requested == "unsloth":
+        if not cuda_available():
+            raise TrainConfigError("--backend unsloth needs a CUDA GPU; none is visible: use --backend peft")
+        if not unsloth_installed():
+            raise TrainConfigError("--backend unsloth needs the unsloth package: pip install 'halo[gpu]', or use --backend peft")
+        return "unsloth"
+    return "unsloth" if cuda_available() and unsloth_installed() else "peft"
+
+
+def training_dtype():
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def lora_config(cfg: TrainConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def base_model_path(name: str) -> str:
+    """Local folders as absolute paths, so adapter_config.json points at the base from anywhere."""
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise TrainConfigError(f"cannot load the tokenizer of base model {name}: {str(e).splitlines()[0]}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise TrainConfigError(f"base model {name} has no chat template: use an instruct/chat model")
+    return tokenizer
+
+
+def load_for_training(cfg: TrainConfig) -> LoadedModel:
+    backend = resolve_backend(cfg.backend)
+    name = base_model_path(cfg.base_model)
+    if backend == "unsloth":
+        return _load_unsloth(cfg, name)
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=training_dtype())
+    except (OSError, ValueError) as e:
+        raise TrainConfigError(f"cannot load base model {name}: {str(e).splitlines()[0]}") from None
+    missing = [m for m in cfg.target_modules if not any(n.endswith("." + m) or n == m for n, _ in model.named_modules())]
+    if missing:
+        raise TrainConfigError(
+            f"--target-modules {', '.join(missing)} not found in {name}: choose among its linear layers, e.g. q_proj,v_proj"
+        )
+    model = get_peft_model(model, lora_config(cfg))
+    log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
+    return LoadedModel(model, tokenizer, "peft")
+
+
+def _load_unsloth(cfg: TrainConfig, name: str) -> LoadedModel:
+    from unsloth import FastLanguageModel  # optional GPU extra
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=name,
+        max_seq_length=cfg.max_length or 4096,
+        dtype=None,
+        load_in_4bit=False,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing is not False else False,
+        random_state=cfg.seed,
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    log.info("loaded %s with LoRA r=%d through unsloth", name, cfg.lora_r)
+    return LoadedModel(model, tokenizer, "unsloth")
+
+
+def lora_state(model) -> dict[str, Any]:
+    """A copy of the trainable LoRA weights (to check that training moved them)."""
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if "lora_" in n}

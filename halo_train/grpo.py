@@ -1,0 +1,441 @@
+"""GRPO from the lake's stored groups: no generation, the rollouts are already in the lake.
+
+    halo-train grpo --lake lake --base-model models/tiny --max-steps 5 --output-dir out/grpo
+
+    from halo_train import GRPOConfig, train_grpo
+    result = train_grpo(GRPOConfig(lake="lake", base_model="models/tiny", loss_type="dr_grpo"))
+
+TRL's GRPOTrainer generates its own completions; here the completions, rewards
+and groups come from ``grpo_groups``, so the update is a short loss over stored
+rows (``StoredGroupsGRPOTrainer.compute_loss``), run by the transformers Trainer
+for checkpoints, resuming, logging and progress bars.
+
+Data. One training row per member step of an episode group (``level =
+'episode'`` rows: attempts of one task with the same task_seed and
+policy_version). Its advantage is GiGPO's combination
+
+    A = A_episode + omega * A_step
+
+where A_episode compares the episode's shaped return with its group's mean and
+A_step compares the step's discounted return with the other steps taken from the
+same anchor state (state_hash) in that group (the ``level = 'step'`` rows).
+
+Advantages (``--scale-rewards``, TRL's meaning):
+  none  (default, Dr. GRPO)  A = reward - group mean
+  group                      A = (reward - group mean) / (group std + 1e-4)
+  batch                      A = (reward - group mean) / (std of all rewards read + 1e-4)
+
+Zero-std groups. A group whose rewards are all equal carries no signal. Such
+episode groups are counted (``frac_reward_zero_std``, the fraction of episode
+groups with zero reward std) and their rows skipped — unless, with omega > 0, a
+row's anchor-state group does have spread (then A_step still teaches something).
+
+Loss. Without stored behaviour logprobs this is REINFORCE with the group mean as
+baseline: loss = -A * log pi(completion | prompt). Where ``logprob_sum`` (the
+behaviour policy's log-probability of the completion) is stored, the update is
+off-policy: a sequence-level importance ratio (TRL's
+``importance_sampling_level="sequence"``: the length-normalised log-ratio)
+
+    r = exp((log pi_theta(completion) - logprob_sum) / completion_tokens)
+
+is clipped to [1 - epsilon, 1 + epsilon_high] as in PPO/GRPO:
+loss_token = -min(r * A, clip(r) * A). Stored logprobs must come from the same
+tokenizer at temperature 1 (what vLLM reports for the sampled tokens).
+
+Token aggregation (``--loss-type``, TRL's names): ``dr_grpo`` sums the token
+losses and divides by batch size x ``--max-completion-length`` (no length
+bias); ``grpo`` averages each sequence's tokens, then the sequences; ``bnpo``
+averages over all completion tokens of the batch.
+
+Policy versions. ``policy_version`` is a number of optimizer updates since the
+base model: the base model is version 0 (a NULL or non-numeric version counts as
+0; a tag such as ``grpo@12`` counts as 12, its trailing number). An adapter
+trained from version V for N steps is version V + N; halo-train writes it to
+``training_stats.json`` and to the run's ``runs`` row, for rollouts to store.
+``--policy-version`` is the version of the weights this job starts from (the
+newest in the rows by default) and ``--max-staleness K`` drops rows collected by
+a policy more than K versions older (counted as ``stale_rows``).
+
+Metrics (train_metrics): loss, reward (mean episode reward of the batch),
+reward_std (mean group std), frac_reward_zero_std, advantage_mean,
+advantage_abs_mean, completion_length, clip_ratio (fraction of importance-weighted
+rows clipped), importance_ratio_mean, frac_rows_off_policy, learning_rate,
+grad_norm, tokens_per_second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from collections import defaultdict
+from typing import Any, Sequence
+
+from halo_train.config import GRPOConfig, TrainConfigError
+from halo_train.data import chat_text, prompt_messages, to_dataset
+from halo_train.trainer_utils import JobSpec, TrainResult, common_training_args, run_job
+
+log = logging.getLogger(__name__)
+
+SCALE_EPS = 1e-4  # TRL's epsilon when dividing advantages by a std
+
+# One row per member step of an episode group, with its anchor-state (step-level) group beside it.
+MEMBERS_SQL = """
+SELECT
+    e.group_key, e.member_id, e.run_id, e.task_id, e.policy_version, e.episode_id, e.step_idx,
+    e.prompt, e.completion, e.logprob_sum,
+    e.reward AS episode_reward, e.group_mean AS episode_group_mean, e.group_std AS episode_group_std,
+    e.group_size AS episode_group_size, e.zero_std AS episode_zero_std, e.advantage AS episode_advantage,
+    s.group_key AS step_group_key, s.reward AS step_reward, s.group_mean AS step_group_mean,
+    s.group_std AS step_group_std, s.group_size AS step_group_size, s.zero_std AS step_zero_std,
+    s.advantage AS step_advantage, e.combined_advantage
+FROM selected AS e
+LEFT JOIN selected AS s
+    ON s.level = 'step' AND s.episode_id = e.episode_id AND s.step_idx = e.step_idx
+WHERE e.level = 'episode'
+ORDER BY e.group_key, e.episode_id, e.step_idx
+"""
+
+
+# ---------------------------------------------------------------------------- advantages
+
+
+def parse_policy_version(version: Any) -> int:
+    """The number of updates a policy_version stands for (see the module docstring)."""
+    if version is None:
+        return 0
+    if isinstance(version, int):
+        return version
+    m = re.search(r"(\d+)\s*$", str(version))
+    return int(m.group(1)) if m else 0
+
+
+def scaled(advantage: float, std: float, scale_rewards: str, batch_std: float | None = None) -> float:
+    """One level's advantage under TRL's ``scale_rewards`` (advantage = reward - group mean already)."""
+    if scale_rewards == "none":
+        return advantage
+    if scale_rewards == "group":
+        return advantage / (std + SCALE_EPS)
+    if scale_rewards == "batch":
+        if batch_std is None:
+            raise ValueError("scale_rewards='batch' needs the std of all rewards")
+        return advantage / (batch_std + SCALE_EPS)
+    raise ValueError(f"unknown scale_rewards {scale_rewards!r}")
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1), as DuckDB's stddev_samp and torch.std compute it."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+@dataclasses.dataclass
+class GroupSummary:
+    members: list[dict[str, Any]]  # rows kept, each with an "advantage"
+    episode_groups: int
+    zero_std_groups: int
+    skipped_rows: int
+    stale_rows: int
+    policy_version: int
+
+    @property
+    def frac_reward_zero_std(self) -> float:
+        return self.zero_std_groups / self.episode_groups if self.episode_groups else 0.0
+
+
+def compute_advantages(
+    rows: Sequence[dict[str, Any]],
+    omega: float,
+    scale_rewards: str = "none",
+    policy_version: int | None = None,
+    max_staleness: int | None = None,
+) -> GroupSummary:
+    """Advantages of grpo_groups members (rows of MEMBERS_SQL); zero-std groups counted and skipped."""
+    versions = [parse_policy_version(r.get("policy_version")) for r in rows]
+    current = policy_version if policy_version is not None else max(versions, default=0)
+    fresh: list[dict[str, Any]] = []
+    stale = 0
+    for row, version in zip(rows, versions):
+        if max_staleness is not None and current - version > max_staleness:
+            stale += 1
+            continue
+        fresh.append(row)
+
+    episode_zero = {}
+    for r in fresh:
+        episode_zero[r["group_key"]] = bool(r["episode_zero_std"])
+    batch_std_episode = batch_std_step = None
+    if scale_rewards == "batch":
+        # One reward per episode (not per step row), and one return per step member.
+        per_episode = {r["episode_id"]: float(r["episode_reward"]) for r in fresh}
+        batch_std_episode = sample_std(list(per_episode.values()))
+        batch_std_step = sample_std([float(r["step_reward"]) for r in fresh if r.get("step_reward") is not None])
+
+    kept: list[dict[str, Any]] = []
+    skipped = 0
+    for r in fresh:
+        step_signal = omega != 0 and r.get("step_zero_std") is False
+        if r["episode_zero_std"] and not step_signal:
+            skipped += 1
+            continue
+        a_episode = 0.0
+        if not r["episode_zero_std"]:
+            a_episode = scaled(float(r["episode_advantage"]), float(r["episode_group_std"]), scale_rewards, batch_std_episode)
+        a_step = 0.0
+        if step_signal:
+            a_step = scaled(float(r["step_advantage"]), float(r["step_group_std"]), scale_rewards, batch_std_step)
+        kept.append({**r, "advantage": a_episode + omega * a_step})
+    return GroupSummary(
+        members=kept,
+        episode_groups=len(episode_zero),
+        zero_std_groups=sum(episode_zero.values()),
+        skipped_rows=skipped,
+        stale_rows=stale,
+        policy_version=current,
+    )
+
+
+# ---------------------------------------------------------------------------- tokenising
+
+
+def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion_length: int) -> dict[str, list[int]]:
+    """Prompt tokens as the chat template renders them for generation, then the completion and EOS."""
+    prompt_text = chat_text(tokenizer, prompt_messages(prompt_json), add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"][: max_completion_length - 1]
+    completion_ids = completion_ids + [tokenizer.eos_token_id]
+    return {
+        "input_ids": prompt_ids + completion_ids,
+        "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids),
+    }
+
+
+def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max_completion_length: int = 256) -> float:
+    """log pi(completion + EOS | prompt) under ``model``: what a behaviour policy stores as logprob_sum."""
+    import torch
+
+    enc = tokenize_member(tokenizer, prompt_json, completion, max_completion_length)
+    ids = torch.tensor([enc["input_ids"]], device=model.device)
+    mask = torch.tensor([enc["completion_mask"]], device=model.device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1].float()
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return float((logps * mask[:, 1:]).sum())
+
+
+class GRPOCollator:
+    """Right-pads a batch of tokenised members; scalars become float tensors."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(r["input_ids"]) for r in rows)
+        pad = lambda seq, value: list(seq) + [value] * (width - len(seq))  # noqa: E731
+        out = {
+            "input_ids": torch.tensor([pad(r["input_ids"], self.pad_token_id) for r in rows]),
+            "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
+            "completion_mask": torch.tensor([pad(r["completion_mask"], 0) for r in rows]),
+            "advantage": torch.tensor([float(r["advantage"]) for r in rows]),
+            "behaviour_logprob": torch.tensor([0.0 if r["logprob_sum"] is None else float(r["logprob_sum"]) for r in rows]),
+            "has_behaviour_logprob": torch.tensor([r["logprob_sum"] is not None for r in rows]),
+            "episode_reward": torch.tensor([float(r["episode_reward"]) for r in rows]),
+            "episode_group_std": torch.tensor([float(r["episode_group_std"]) for r in rows]),
+        }
+        return out
+
+
+# ---------------------------------------------------------------------------- the loss
+
+
+def grpo_loss(
+    token_logps,
+    completion_mask,
+    advantage,
+    behaviour_logprob,
+    has_behaviour_logprob,
+    loss_type: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    max_completion_length: int,
+):
+    """Per-token clipped policy-gradient loss over stored completions; returns (loss, stats).
+
+    token_logps: (B, T) log pi_theta of each target token; completion_mask: (B, T) 1 on completion tokens.
+    """
+    import torch
+
+    mask = completion_mask.to(token_logps.dtype)
+    n_tokens = mask.sum(-1).clamp(min=1.0)
+    sequence_logp = (token_logps * mask).sum(-1)
+    # On-policy rows: ratio exp(logp - logp.detach()) == 1 whose gradient is that of log pi (REINFORCE).
+    on_policy_log_ratio = token_logps - token_logps.detach()
+    # Off-policy rows: one length-normalised sequence ratio against the behaviour policy, shared by its tokens.
+    sequence_log_ratio = ((sequence_logp - behaviour_logprob) / n_tokens).unsqueeze(-1).expand_as(token_logps)
+    log_ratio = torch.where(has_behaviour_logprob.unsqueeze(-1), sequence_log_ratio, on_policy_log_ratio)
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    adv = advantage.unsqueeze(-1)
+    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)
+
+    if loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    elif loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / n_tokens).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+
+    with torch.no_grad():
+        is_clipped = ((ratio < 1.0 - epsilon_low) & (adv < 0)) | ((ratio > 1.0 + epsilon_high) & (adv > 0))
+        off = has_behaviour_logprob
+        seq_ratio = ratio[:, 0] if ratio.size(1) else torch.ones_like(advantage)
+        stats = {
+            "clip_ratio": float(is_clipped[:, 0][off].float().mean()) if off.any() else 0.0,
+            "importance_ratio_mean": float(seq_ratio[off].mean()) if off.any() else 1.0,
+            "frac_rows_off_policy": float(off.float().mean()),
+            "completion_length": float(mask.sum(-1).mean()),
+        }
+    return loss, stats
+
+
+def make_trainer_class():
+    from transformers import Trainer
+
+    class StoredGroupsGRPOTrainer(Trainer):
+        """The transformers Trainer with GRPO's loss over stored rows (see ``grpo_loss``)."""
+
+        loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean; let the Trainer divide by GA
+
+        def __init__(self, *args, grpo: GRPOConfig, frac_reward_zero_std: float, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.grpo = grpo
+            self.frac_reward_zero_std = frac_reward_zero_std
+            self._metrics: dict[str, list[float]] = defaultdict(list)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            import torch
+
+            input_ids = inputs["input_ids"]
+            logits = model(input_ids=input_ids, attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
+            targets = input_ids[:, 1:]
+            token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            loss, stats = grpo_loss(
+                token_logps,
+                inputs["completion_mask"][:, 1:],
+                inputs["advantage"].float(),
+                inputs["behaviour_logprob"].float(),
+                inputs["has_behaviour_logprob"].bool(),
+                loss_type=self.grpo.loss_type,
+                epsilon_low=self.grpo.epsilon,
+                epsilon_high=self.grpo.epsilon_high if self.grpo.epsilon_high is not None else self.grpo.epsilon,
+                max_completion_length=self.grpo.max_completion_length,
+            )
+            for key, value in stats.items():
+                self._metrics[key].append(value)
+            adv = inputs["advantage"].float()
+            self._metrics["reward"].append(float(inputs["episode_reward"].mean()))
+            self._metrics["reward_std"].append(float(inputs["episode_group_std"].mean()))
+            self._metrics["advantage_mean"].append(float(adv.mean()))
+            self._metrics["advantage_abs_mean"].append(float(adv.abs().mean()))
+            return (loss, None) if return_outputs else loss
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if self._metrics and "loss" in logs:
+                logs.update({k: sum(v) / len(v) for k, v in self._metrics.items() if v})
+                logs["frac_reward_zero_std"] = self.frac_reward_zero_std
+                self._metrics.clear()
+            super().log(logs, start_time)
+
+    return StoredGroupsGRPOTrainer
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+def _make_dataset(cfg: GRPOConfig, read, tokenizer):
+    rows = read.table.to_pylist()
+    summary = compute_advantages(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
+    log.info(
+        "%d episode groups, %d with zero reward std (%.0f%%): %d rows skipped, %d stale rows dropped, %d rows kept",
+        summary.episode_groups, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
+        summary.skipped_rows, summary.stale_rows, len(summary.members),
+    )
+    if not summary.members:
+        raise TrainConfigError(
+            f"no GRPO rows with a reward signal: all {summary.episode_groups} group(s) have zero reward std"
+            f"{f' or are staler than --max-staleness {cfg.max_staleness}' if summary.stale_rows else ''}: "
+            "collect more attempts per task, at a higher temperature"
+        )
+    encoded = []
+    dropped = 0
+    for r in summary.members:
+        enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length)
+        if cfg.max_length is not None and len(enc["input_ids"]) > cfg.max_length:
+            dropped += 1
+            continue
+        encoded.append({**enc, "advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
+                        "episode_reward": r["episode_reward"], "episode_group_std": r["episode_group_std"]})
+    if dropped:
+        log.warning("dropped %d rows longer than --max-length %d tokens", dropped, cfg.max_length)
+    import pyarrow as pa
+
+    dataset = to_dataset(pa.Table.from_pylist(encoded)) if encoded else to_dataset(pa.table({"input_ids": pa.array([], pa.list_(pa.int64()))}))
+    extra = {
+        "episode_groups": summary.episode_groups,
+        "zero_std_groups": summary.zero_std_groups,
+        "frac_reward_zero_std": summary.frac_reward_zero_std,
+        "skipped_rows": summary.skipped_rows,
+        "stale_rows": summary.stale_rows,
+        "start_policy_version": summary.policy_version,
+        "rows_with_behaviour_logprobs": sum(1 for r in encoded if r["logprob_sum"] is not None),
+    }
+    return dataset, dropped, extra
+
+
+def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, frac_reward_zero_std: float):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(**common_training_args(cfg), remove_unused_columns=False)
+    if args.gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    trainer_cls = make_trainer_class()
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=GRPOCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        grpo=cfg,
+        frac_reward_zero_std=frac_reward_zero_std,
+    )
+    return trainer
+
+
+def train_grpo(cfg: GRPOConfig) -> TrainResult:
+    """Train a LoRA adapter on grpo_groups' stored groups; returns where it is and how to serve it."""
+
+    def make_dataset(cfg_, read, tokenizer):
+        dataset, dropped, extra = _make_dataset(cfg_, read, tokenizer)
+        state["extra"] = extra
+        return dataset, dropped, extra
+
+    def make_trainer(cfg_, model, tokenizer, dataset, callbacks):
+        return _make_trainer(cfg_, model, tokenizer, dataset, callbacks, state["extra"]["frac_reward_zero_std"])
+
+    state: dict[str, Any] = {}
+    spec = JobSpec(
+        make_dataset=make_dataset,
+        make_trainer=make_trainer,
+        start_version=lambda cfg_, read: state["extra"]["start_policy_version"],
+        sql=MEMBERS_SQL,
+    )
+    return run_job(cfg, spec)

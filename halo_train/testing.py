@@ -1,0 +1,137 @@
+"""Small lakes of realistic episodes for tests, CI and demos of the training jobs.
+
+    lake = Lake.init(tmp_path / "lake")
+    write_fixture_episodes(lake)   # 3 tasks x 4 attempts: bc_rows, dpo_pairs and grpo_groups all non-empty
+
+The episodes look like MiniWoB++ rollouts of a model policy: prompts from the
+versioned renderer, completions such as ``click('12')``, reward components per
+step, a success reward on the last step. Attempts of one task share a task_seed
+and a policy_version (so they form GRPO groups) and start from the same page (so
+their first steps share a prompt and an anchor state). The last task's attempts
+all act alike and get equal rewards: a zero-std group the GRPO job must skip.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Callable, Sequence
+
+from halo_data import ids, prompts
+from halo_data.lake import Lake
+from halo_data.writer import EpisodeWriter
+
+# (prompt JSON, completion) -> behaviour log-probability of the completion.
+LogprobFn = Callable[[str, str], float]
+
+_ELEMENTS = (("button", "Submit"), ("link", "Home"), ("button", "Cancel"), ("textbox", "Name"), ("checkbox", "Remember"))
+
+
+def _observation(task_idx: int, page: int) -> str:
+    lines = [f"RootWebArea 'Task {task_idx} page {page}'"]
+    for k, (role, name) in enumerate(_ELEMENTS):
+        lines.append(f"  [{10 + k + 5 * page}] {role} '{name}'")
+    return "\n".join(lines)
+
+
+def write_fixture_episodes(
+    lake: Lake,
+    run_id: str = "fixture-rollout",
+    n_tasks: int = 3,
+    attempts: int = 4,
+    n_steps: int = 2,
+    policy_version: str | None = "0",
+    logprob_fn: LogprobFn | None = None,
+) -> list[str]:
+    """Write ``n_tasks x attempts`` episodes of ``n_steps`` steps; returns their episode ids."""
+    started = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    episode_ids: list[str] = []
+    with EpisodeWriter(lake, flush_episodes=max(1, n_tasks * attempts)) as writer:
+        for t in range(n_tasks):
+            task_id = f"miniwob.fixture-task-{t}"
+            goal = f"Click the Submit button (task {t})."
+            uniform = t == n_tasks - 1 and n_tasks > 1
+            for a in range(attempts):
+                history: list[str] = []
+                steps = []
+                progress = 0.0
+                # Even attempts find the right element at the last step; odd ones click elsewhere.
+                succeeds = (a % 2 == 0) and not uniform
+                for i in range(n_steps):
+                    url = f"file:///miniwob/fixture-task-{t}.html"
+                    observation = _observation(t, i)
+                    last = i == n_steps - 1
+                    right = str(10 + 5 * i)  # the Submit button on this page
+                    if uniform:
+                        bid = str(12 + 5 * i)
+                    elif last:
+                        bid = right if succeeds else str(11 + 5 * i + (a % 3))
+                    else:
+                        bid = str(11 + 5 * i + (a % 2))  # intermediate steps differ between attempts
+                    action = f"click('{bid}')"
+                    messages = prompts.render_messages(goal, url, observation, history)
+                    prompt = prompts.dumps(messages)
+                    r_progress = 0.5 if (succeeds and last) else (0.1 if bid == str(11 + 5 * i) else 0.0)
+                    progress = min(1.0, progress + r_progress)
+                    r_success = 1.0 if (succeeds and last) else 0.0
+                    steps.append(
+                        {
+                            "step_idx": i,
+                            "url": url,
+                            "goal": goal,
+                            "observation": observation,
+                            "prompt": prompt,
+                            "prompt_version": prompts.PROMPT_VERSION,
+                            "prompt_hash": ids.sha256_hex(prompt),
+                            "model_output": action,
+                            "action": action,
+                            "action_source": "model",
+                            "action_valid": True,
+                            "r_progress": r_progress,
+                            "r_novelty": 0.0 if i else 1.0,
+                            "r_loop": 0.0,
+                            "r_validity": 1.0,
+                            "r_success": r_success,
+                            "cumulative_progress": progress,
+                            "state_hash": ids.state_hash(url, observation),
+                            "latency_ms": 5.0,
+                            "completion_tokens": 6,
+                            "logprob_sum": logprob_fn(prompt, action) if logprob_fn else None,
+                        }
+                    )
+                    history.append(action)
+                episode = {
+                    "run_id": run_id,
+                    "env": "miniwob",
+                    "task_id": task_id,
+                    "site": "miniwob",
+                    "split": "train",
+                    "mode": "fixture",
+                    "policy": "hf",
+                    "model": "tiny",
+                    "policy_version": policy_version,
+                    "attempt_idx": a,
+                    "seed": a,
+                    "task_seed": 7,
+                    "temperature": 1.0,
+                    "success": succeeds,
+                    "task_reward": 1.0 if succeeds else 0.0,
+                    "raw_reward": 1.0 if succeeds else 0.0,
+                    "terminated": succeeds,
+                    "truncated": not succeeds,
+                    "started_at": started + dt.timedelta(minutes=len(episode_ids)),
+                    "ended_at": started + dt.timedelta(minutes=len(episode_ids), seconds=5),
+                }
+                episode_ids.append(writer.write_episode(episode, steps))
+    return episode_ids
+
+
+def fixture_prompts(n_tasks: int = 3) -> Sequence[str]:
+    """The first-step prompts of the fixture tasks (what a smoke test asks a model)."""
+    return [
+        prompts.dumps(
+            prompts.render_messages(
+                f"Click the Submit button (task {t}).", f"file:///miniwob/fixture-task-{t}.html", _observation(t, 0)
+            )
+        )
+        for t in range(n_tasks)
+    ]

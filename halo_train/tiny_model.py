@@ -1,0 +1,192 @@
+"""A tiny Qwen2-style causal LM and tokenizer, built locally in seconds (no download).
+
+    halo-train make-tiny-model models/tiny                        # random weights
+    halo-train make-tiny-model models/tiny --warmup-lake lake     # + a short SFT on bc_rows
+
+    from halo_train.tiny_model import build_tiny_model
+    path = build_tiny_model("models/tiny", warmup_lake="lake", steps=60)
+
+The tokenizer is a byte-level BPE (vocabulary ~512) trained on the prompt
+renderer's own text and on BrowserGym action strings, wrapped as a
+``PreTrainedTokenizerFast`` with Qwen's ChatML template (``<|im_start|>`` /
+``<|im_end|>``), so chat prompts, TRL and vLLM-style serving work as with a real
+Qwen model. The model is ``Qwen2ForCausalLM`` with hidden size 64, 2 layers and
+4 heads. Warmed up on a lake's bc_rows, its greedy outputs parse as actions such
+as ``click('12')`` — enough for smoke tests, CI and demos, not for skill.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+from halo_data import prompts
+
+log = logging.getLogger(__name__)
+
+VOCAB_SIZE = 512
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+# Qwen2.5's ChatML template without tool calls: the prompt rendered alone with
+# add_generation_prompt is a prefix of prompt + completion, which completion-only
+# losses rely on.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_ROLES = ("button", "link", "textbox", "checkbox", "combobox", "heading", "StaticText", "RootWebArea", "option", "menuitem")
+_WORDS = ("Submit", "Cancel", "Search", "Home", "Next", "Previous", "Login", "Email", "Password", "Name", "OK", "Yes", "No")
+
+
+def _corpus() -> Iterator[str]:
+    """Text the tokenizer should compress well: the renderer's prompts and action strings."""
+    yield prompts.SYSTEM_PROMPT
+    yield prompts.SYSTEM_PROMPT_SCREENSHOT
+    for i in range(300):
+        yield f"click('{i}')"
+        yield f"fill('{i}', '{_WORDS[i % len(_WORDS)]}')"
+        yield f"select_option('{i}', '{_WORDS[(i + 3) % len(_WORDS)]}')"
+        yield f"press('{i}', 'Enter')"
+    yield "scroll(0, 200)\nnoop()\nsend_msg_to_user('done')\nmouse_click(100, 200)\nkeyboard_type('text')"
+    for k in range(60):
+        elements = "\n".join(
+            f"  [{k + j}] {_ROLES[(k + j) % len(_ROLES)]} '{_WORDS[(k * j) % len(_WORDS)]}'" for j in range(8)
+        )
+        observation = f"RootWebArea 'Page {k}'\n{elements}"
+        history = [f"click('{k + j}')" for j in range(k % 4)]
+        yield prompts.dumps(
+            prompts.render_messages(f"Click the {_WORDS[k % len(_WORDS)]} button.", f"file:///miniwob/task-{k}.html", observation, history)
+        )
+        for m in prompts.render_messages(f"Enter {_WORDS[k % len(_WORDS)]} and press Submit.", f"http://localhost/{k}", observation, history):
+            yield f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n"
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE tokenizer with Qwen's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        model_max_length=8192,
+        padding_side="right",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(tokenizer, seed: int = 0):
+    """A randomly initialised Qwen2ForCausalLM sized for seconds-long CPU training."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=16
+    )
+    return model
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike[str],
+    warmup_lake: str | os.PathLike[str] | None = None,
+    steps: int = 60,
+    seed: int = 0,
+    lr: float = 3e-3,
+    where: str | None = None,
+    batch_size: int = 8,
+) -> Path:
+    """Write a tiny model + tokenizer to ``out_dir``; with ``warmup_lake``, first fine-tune it on bc_rows for ``steps``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed)
+    warmup: dict = {"steps": 0}
+    if warmup_lake is not None:
+        warmup = _warm_up(model, tokenizer, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where, batch_size=batch_size)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    (out / "halo_tiny_model.json").write_text(
+        json.dumps({"kind": "halo-tiny-model", "vocab_size": len(tokenizer), "warmup": warmup}, indent=2)
+    )
+    log.info("tiny model written to %s (%d parameters)", out, sum(p.numel() for p in model.parameters()))
+    return out
+
+
+def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, where: str | None, batch_size: int) -> dict:
+    """Full fine-tuning on bc_rows, so the model's outputs already look like actions."""
+    import tempfile
+
+    from trl import SFTConfig, SFTTrainer
+
+    from halo_train.data import EMPTY_VIEW_HINTS, EmptyViewError, bc_dataset, read_view
+    from halo_train.trainer_utils import quiet_hub
+
+    quiet_hub()
+    read = read_view(lake, "bc_rows", where=where, job_type="bc")
+    if read.table.num_rows == 0:
+        raise EmptyViewError(f"{EMPTY_VIEW_HINTS['bc_rows']}; lake: {lake}")
+    dataset = bc_dataset(read.table)
+    with tempfile.TemporaryDirectory(prefix="halo-tiny-warmup-") as tmp:
+        args = SFTConfig(
+            output_dir=tmp,
+            max_steps=steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            logging_steps=max(1, steps // 4),
+            save_strategy="no",
+            report_to="none",
+            seed=seed,
+            bf16=False,
+            gradient_checkpointing=False,
+            max_length=None,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        result = trainer.train()
+    model.cpu()
+    return {"steps": steps, "batch_size": batch_size, "rows": len(dataset), "final_loss": float(result.training_loss),
+            "lineage": read.lineage}
