@@ -1,0 +1,279 @@
+"""``halo-agent``: run browser agents into a HALO lake. Thin over ``halo_agent.sampler``.
+
+    halo-agent tasks --env miniwob
+    halo-agent rollout --env miniwob --tasks click-button,enter-text --rollouts-per-task 4 --lake lake
+    halo-agent rollout --run-id demo --resume ...            # complete a killed run
+    halo-agent eval --modes random,gpt4o_baseline --subset smoke --rollouts-per-task 2
+    halo-agent verify-exploration --task click-button --temperature-a 0 --temperature-b 0.7
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from halo_data.lake import LakeError
+
+LAKE_OPTION = click.option(
+    "--lake", "lake", default=lambda: os.environ.get("HALO_LAKE", "lake"), show_default="lake/ or $HALO_LAKE",
+    help="Lake root (created if missing).",
+)
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_cli(func):
+    """Turn library errors into one ``Error: ...`` line and a non-zero exit."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (LakeError, ValueError, FileNotFoundError, PermissionError) as e:
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except RuntimeError as e:
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    return wrapper
+
+
+def _split_list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _parse_options(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values parse as JSON where they can (numbers, true/false), else stay text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r}: write KEY=VALUE", param_hint=flag)
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="halo", message="halo %(version)s")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """Run browser agents on MiniWoB++ (offline) and REAL, into a HALO lake."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HALO_LOG_LEVEL", logging.getLevelName(level))
+
+
+# ------------------------------------------------------------------------------------------ tasks
+
+
+@main.command()
+@click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True)
+@click.option("--task-version", default=None, help="REAL task version (v2 by default).")
+@click.option("--split", type=click.Choice(["train", "eval", "all"]), default="all", show_default=True)
+@click.option("--subset", default=None, help="Only this named subset (or site).")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, help="Write the task registry (ids, goals, sites, splits) to this JSON file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tasks as JSON lines.")
+@run_cli
+def tasks(env_name: str, task_version: str | None, split: str, subset: str | None, snapshot: str | None, as_json: bool) -> None:
+    """List an environment's tasks (and snapshot the registry)."""
+    import datetime as dt
+
+    from halo_agent.sampler import list_tasks, select_subset
+
+    specs = list_tasks(env_name, task_version=task_version)
+    if split != "all":
+        specs = [t for t in specs if t.split == split]
+    if subset:
+        specs = select_subset(env_name, subset, specs)
+    if snapshot:
+        payload = {
+            "env": env_name,
+            "task_version": task_version,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "tasks": [t.to_dict() for t in specs],
+        }
+        with open(snapshot, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+        click.echo(f"wrote {len(specs)} tasks to {snapshot}", err=True)
+        return
+    for t in specs:
+        if as_json:
+            click.echo(json.dumps(t.to_dict(), sort_keys=True))
+        else:
+            click.echo(f"{t.task_id}\t{t.site}\t{t.split}")
+
+
+# ------------------------------------------------------------------------------------------ rollout / eval
+
+
+def _task_options(func):
+    options = [
+        click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True),
+        click.option("--tasks", "task_ids", default=None, help="Comma-separated task ids."),
+        click.option("--subset", default=None, help="Named task subset (miniwob: smoke, click, form, email, deterministic, all; or a site)."),
+        click.option("--sample-size", type=int, default=None, help="Sample this many tasks (seeded by --seed)."),
+        click.option("--split", type=click.Choice(["train", "eval", "all"]), default="all", show_default=True, help="Only tasks of this registry split."),
+        click.option("--task-version", default=None, help="REAL task version (v2 by default)."),
+        click.option("--task-registry", type=click.Path(dir_okay=False), default=None, help="Task registry snapshot (JSON) to take tasks from."),
+        click.option("--rollouts-per-task", type=int, default=1, show_default=True, help="Attempts per task."),
+        click.option("--temperature", type=float, default=1.0, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's sampling."),
+        click.option("--task-seed", type=int, default=None, help="Seed of the task instances (default: --seed)."),
+        click.option("--max-steps", type=int, default=None, help="Steps per episode (default: 10 miniwob, 70 real)."),
+        click.option("--workers", type=int, default=1, show_default=True, help="Parallel worker processes, each with its own browser."),
+        click.option("--run-id", default=None, help="Run id (default: <kind>-<env>-<UTC time>)."),
+        click.option("--resume", is_flag=True, help="Complete the missing episodes of --run-id."),
+        click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE", help="Extra policy option (repeatable)."),
+        click.option("--env-option", "env_option", multiple=True, metavar="KEY=VALUE", help="Extra environment option (repeatable)."),
+        click.option("--reward-config", type=click.Path(dir_okay=False), default=None, help="Reward rules and weights (YAML)."),
+        click.option("--flush-episodes", type=int, default=32, show_default=True, help="Commit to the lake every this many episodes (and every 30 s)."),
+        click.option("--no-progress", is_flag=True, help="No progress bar."),
+        click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON."),
+        LAKE_OPTION,
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _base_config(kind: str, **o: Any):
+    from halo_agent.sampler import RolloutConfig
+
+    return RolloutConfig(
+        env=o["env_name"],
+        tasks=_split_list(o["task_ids"]),
+        subset=o["subset"],
+        sample_size=o["sample_size"],
+        rollouts_per_task=o["rollouts_per_task"],
+        temperature=o["temperature"],
+        seed=o["seed"],
+        task_seed=o["task_seed"],
+        max_steps=o["max_steps"],
+        workers=o["workers"],
+        lake=o["lake"],
+        run_id=o["run_id"],
+        resume=o["resume"],
+        kind=kind,
+        split=o["split"],
+        task_version=o["task_version"],
+        task_registry=o["task_registry"],
+        policy_options=_parse_options(o["policy_option"], "--policy-option"),
+        env_options=_parse_options(o["env_option"], "--env-option"),
+        reward_config=o["reward_config"],
+        flush_episodes=o["flush_episodes"],
+        progress=not o["no_progress"],
+    )
+
+
+def _report(summary, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), sort_keys=True))
+        return
+    click.echo(
+        f"{summary.run_id}: {summary.status}, {summary.episodes_written} episodes written "
+        f"({summary.skipped_episodes} already in the lake, {summary.planned_episodes} planned), "
+        f"{summary.successes} successes, {summary.env_errors} env errors, "
+        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s, lake {summary.lake_share:.1%} of the time"
+    )
+
+
+@main.command()
+@_task_options
+@click.option("--policy", type=click.Choice(["random", "openai", "hf"]), default="random", show_default=True)
+@click.option("--model", default=None, help="Model name (OpenAI, vLLM-served model or LoRA name, local path for hf).")
+@click.option("--adapter", default=None, help="LoRA adapter name or folder.")
+@click.option("--policy-version", default=None, help="Version tag stored on every step.")
+@click.option("--mode", default=None, help="Name of this policy configuration (default: the policy name).")
+@run_cli
+def rollout(policy: str, model: str | None, adapter: str | None, policy_version: str | None, mode: str | None, **o: Any) -> None:
+    """Run tasks x rollouts-per-task episodes into the lake."""
+    import dataclasses
+
+    from halo_agent.sampler import run_rollouts
+
+    config = dataclasses.replace(
+        _base_config("rollout", **o), policy=policy, model=model, adapter=adapter, policy_version=policy_version, mode=mode
+    )
+    summary = run_rollouts(config)
+    _report(summary, o["as_json"])
+    if summary.status == "interrupted":
+        sys.exit(130)
+
+
+@main.command("eval")
+@_task_options
+@click.option("--modes", "mode_names", default=None, help="Comma-separated mode names (see --list-modes).")
+@click.option("--modes-file", type=click.Path(dir_okay=False), default=None, help="Extra modes (YAML), added to the shipped ones.")
+@click.option("--list-modes", is_flag=True, help="List the known modes and exit.")
+@run_cli
+def eval_command(mode_names: str | None, modes_file: str | None, list_modes: bool, **o: Any) -> None:
+    """Evaluate named modes on the same tasks; eval_matrix summarises the runs."""
+    from halo_agent.sampler import load_modes, run_eval
+
+    if list_modes:
+        for name, mode in sorted(load_modes(modes_file).items()):
+            click.echo(f"{name}\t{mode.policy}\t{mode.model or ''}\t{mode.adapter or ''}\t{mode.description}")
+        return
+    names = _split_list(mode_names)
+    if not names:
+        raise ValueError("give --modes A,B (see --list-modes)")
+    for summary in run_eval(names, _base_config("eval", **o), modes_file):
+        _report(summary, o["as_json"])
+        if summary.status == "interrupted":
+            sys.exit(130)
+
+
+@main.command("verify-exploration")
+@click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True)
+@click.option("--task", "task_id", required=True, help="Task id.")
+@click.option("--temperature-a", type=float, default=0.0, show_default=True)
+@click.option("--temperature-b", type=float, default=0.7, show_default=True)
+@click.option("--compare-steps", type=int, default=10, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--task-seed", type=int, default=None, help="Seed of the task instance (default: --seed).")
+@click.option("--policy", type=click.Choice(["random", "openai", "hf"]), default="random", show_default=True)
+@click.option("--model", default=None)
+@click.option("--adapter", default=None)
+@click.option("--task-version", default=None)
+@click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE")
+@click.option("--json", "as_json", is_flag=True)
+@run_cli
+def verify_exploration_command(env_name, task_id, temperature_a, temperature_b, compare_steps, seed, task_seed, policy, model, adapter, task_version, policy_option, as_json) -> None:
+    """Do two temperatures give different action sequences for the same seeds?"""
+    from halo_agent.sampler import RolloutConfig, verify_exploration
+
+    base = RolloutConfig(
+        env=env_name, seed=seed, task_seed=task_seed, policy=policy, model=model, adapter=adapter,
+        task_version=task_version, policy_options=_parse_options(policy_option, "--policy-option"), progress=False,
+    )
+    report = verify_exploration(base, task_id, temperature_a, temperature_b, compare_steps)
+    if as_json:
+        click.echo(json.dumps({
+            "task_id": report.task_id, "task_seed": report.task_seed,
+            "temperature_a": report.temperature_a, "temperature_b": report.temperature_b,
+            "actions_a": report.actions_a, "actions_b": report.actions_b,
+            "differ": report.differ, "first_difference": report.first_difference,
+        }, sort_keys=True))
+    else:
+        click.echo(f"{report.task_id} (task seed {report.task_seed}), up to {report.compared_steps} steps:")
+        click.echo(f"  T={report.temperature_a:g}: {' ; '.join(report.actions_a)}")
+        click.echo(f"  T={report.temperature_b:g}: {' ; '.join(report.actions_b)}")
+        if report.differ:
+            click.echo(f"differ: yes, from step {report.first_difference}")
+        else:
+            click.echo("differ: no — the two temperatures took the same actions")
+
+
+if __name__ == "__main__":
+    main()

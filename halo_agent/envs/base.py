@@ -1,0 +1,352 @@
+"""The environment interface every HALO environment implements, and BrowserGym page helpers they share.
+
+An environment is driven by the sampler one episode at a time::
+
+    env = MiniWoBEnv(headless=True)          # one browser per worker, reused across episodes
+    page = env.reset(task, task_seed=7)      # PageState: goal, url, AXTree, elements, screenshot
+    outcome = env.step("click('12')")        # StepOutcome: the page after, reward, done flags, action error
+    env.close()
+
+Environments raise ``EnvError`` for failures of the environment itself (browser
+crash, page that will not load); the sampler ends that episode with the error
+recorded and goes on. A failing *action* (no such element, timeout) is not an
+environment failure: it comes back as ``StepOutcome.action_error``.
+
+Observations and actions use BrowserGym's formats, from agisdk's vendored copy:
+the AXTree flattened with element ids (``flatten_axtree_to_str``) and the
+high-level action strings (``click('12')``, ``fill('7', 'text')``) executed by
+BrowserGym's own action code.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import logging
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+
+from halo_agent.types import Element
+
+log = logging.getLogger(__name__)
+
+
+class _DropAriaNoise(logging.Filter):
+    """BrowserGym warns for every aria-description it cannot parse (page text, not its own data)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to extract BrowserGym data from ARIA string")
+
+
+logging.getLogger("agisdk.REAL.browsergym.core.observation").addFilter(_DropAriaNoise())
+
+
+class EnvError(RuntimeError):
+    """The environment failed (browser crash, page error): the episode ends with this error recorded."""
+
+
+class UnknownTaskError(ValueError):
+    """A task id the environment does not know."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task an environment offers (also the row format of a task registry snapshot)."""
+
+    task_id: str  # e.g. miniwob.click-button, v2.gomail-1
+    env: str  # miniwob | real
+    site: str  # miniwob, gomail, omnizon, ...
+    task_version: str | None = None
+    goal: str | None = None  # None where the goal depends on the seed (MiniWoB)
+    split: str = "all"  # train | eval | all
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TaskSpec":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass
+class PageState:
+    """What the environment shows after a reset or a step."""
+
+    goal: str
+    url: str
+    axtree: str  # BrowserGym's flattened AXTree text, with element ids in brackets
+    elements: Sequence[Element]  # actions the page offers (for the random policy and validation)
+    screenshot: bytes | None  # PNG
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class StepOutcome:
+    page: PageState  # the page after the action
+    reward: float  # the environment's reward for this step (BrowserGym: 0/1 at the end)
+    terminated: bool  # the task ended (success or failure)
+    truncated: bool = False  # the environment stopped the episode (time limit)
+    action_error: str | None = None  # the browser refused the action (element missing, timeout)
+    raw_reward: float | None = None  # the environment's own raw reward (MiniWoB raw_reward)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the sampler needs from an environment (``miniwob``, ``real``).
+
+    Implementations are classes constructed with keyword options (``headless``,
+    ``task_version``, ...) inside the worker process that uses them, and
+    registered by name in ``halo_agent.envs.ENVIRONMENTS``.
+    """
+
+    name: str
+
+    @classmethod
+    def list_tasks(cls, **options: Any) -> list[TaskSpec]:
+        """Every task this environment offers."""
+
+    def reset(self, task: TaskSpec, task_seed: int) -> PageState:
+        """Start an episode of ``task``; the same ``task_seed`` gives the same instance."""
+
+    def step(self, action: str) -> StepOutcome:
+        """Execute one BrowserGym action string."""
+
+    def close(self) -> None:
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# BrowserGym page helpers (agisdk's vendored BrowserGym), shared by the MiniWoB and REAL envs.
+
+# Roles a policy can click even when the DOM snapshot does not flag the element clickable.
+CLICK_ROLES = frozenset(
+    {"button", "link", "checkbox", "radio", "tab", "menuitem", "menuitemcheckbox", "menuitemradio",
+     "option", "treeitem", "switch", "gridcell", "columnheader", "slider", "cell", "row", "listitem", "img"}
+)
+FILL_ROLES = frozenset({"textbox", "searchbox", "spinbutton"})
+SELECT_ROLES = frozenset({"combobox", "listbox"})
+# Container roles whose "clickable" flag is usually inherited from a handler on the page body.
+_NEVER_CLICK_ROLES = frozenset({"RootWebArea", "WebArea", "generic", "none", "paragraph", "Section", "LineBreak", "StaticText", "InlineTextBox", "LabelText", "group", "main", "form", "list", "table", "rowgroup", "MenuListPopup", "document"})
+
+MIN_VISIBILITY = 0.5
+
+
+def action_set(subsets: Iterable[str] = ("chat", "infeas", "bid", "nav", "tab")):
+    """BrowserGym's high-level action set (``click('12')`` and friends), demo effects off."""
+    from agisdk.REAL.browsergym.core.action.highlevel import HighLevelActionSet
+
+    return HighLevelActionSet(subsets=list(subsets), strict=False, multiaction=False, demo_mode="off")
+
+
+def _node_value(node: dict[str, Any], key: str) -> Any:
+    v = node.get(key)
+    return v.get("value") if isinstance(v, dict) else None
+
+
+def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any]) -> list[Element]:
+    """The actions a page offers: visible clickable, fillable and selectable elements, in page order."""
+    nodes = axtree.get("nodes", [])
+    by_id = {n.get("nodeId"): n for n in nodes}
+    out: list[Element] = []
+    seen: set[str] = set()
+    for node in nodes:
+        bid = node.get("browsergym_id")
+        if not bid or bid in seen or node.get("ignored"):
+            continue
+        props = extra_properties.get(bid, {})
+        visibility = props.get("visibility")
+        if visibility is not None and visibility < MIN_VISIBILITY:
+            continue
+        bbox = props.get("bbox")
+        if bbox is not None and (bbox[2] <= 0 or bbox[3] <= 0):
+            continue
+        role = str(_node_value(node, "role") or "")
+        name = str(_node_value(node, "name") or "")
+        disabled = any(p.get("name") == "disabled" and (p.get("value") or {}).get("value") for p in node.get("properties", []))
+        if disabled:
+            continue
+        if role in FILL_ROLES:
+            out.append(Element(bid, role, name, "fill"))
+        elif role in SELECT_ROLES:
+            options = []
+            stack = list(node.get("childIds", []))
+            while stack:
+                child = by_id.get(stack.pop(0))
+                if child is None:
+                    continue
+                if _node_value(child, "role") == "option":
+                    label = _node_value(child, "name")
+                    if label:
+                        options.append(str(label))
+                stack.extend(child.get("childIds", []))
+            if options:
+                out.append(Element(bid, role, name, "select", tuple(options)))
+            else:
+                out.append(Element(bid, role, name, "click"))
+        elif role in CLICK_ROLES or (props.get("clickable") and role not in _NEVER_CLICK_ROLES):
+            out.append(Element(bid, role, name, "click"))
+        else:
+            continue
+        seen.add(bid)
+    return out
+
+
+def capture_png(page) -> bytes:
+    """A PNG screenshot of the viewport, kept as bytes (BrowserGym decodes it to an array; we store it)."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        answer = cdp.send("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True})
+    finally:
+        cdp.detach()
+    return base64.b64decode(answer["data"])
+
+
+@functools.lru_cache(maxsize=1)
+def _mark_elements_js() -> str:
+    """BrowserGym's element-marking script, polling for the visibility observer every 2 ms instead of 40.
+
+    The observer reports after the next rendering frame; BrowserGym's 40 ms polling
+    interval alone made each observation ~40 ms slower. The marking is unchanged.
+    """
+    import pkgutil
+
+    js = pkgutil.get_data("agisdk.REAL.browsergym.core", "javascript/frame_mark_elements.js").decode("utf-8")
+    patched = js.replace("async function until(f, timeout, interval=40)", "async function until(f, timeout, interval=2)")
+    if patched == js:
+        log.warning("BrowserGym's marking script changed; observations use its original polling interval")
+    return patched
+
+
+def mark_elements(page, tags_to_mark: str = "standard_html") -> None:
+    """Give every element a bid and store visibility data in ARIA attributes (BrowserGym's ``_pre_extract``)."""
+    from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+    from agisdk.REAL.browsergym.core.observation import MarkingError
+
+    js = _mark_elements_js()
+
+    def mark(frame, frame_bid: str) -> None:
+        for message in frame.evaluate(js, [frame_bid, BROWSERGYM_ID_ATTRIBUTE, tags_to_mark]):
+            log.debug("marking: %s", message)
+        for child in frame.child_frames:
+            if child.is_detached():
+                continue
+            element = child.frame_element()
+            if element.content_frame() != child:
+                continue
+            sandbox = element.get_attribute("sandbox")
+            if sandbox is not None and "allow-scripts" not in sandbox.split():
+                continue
+            child_bid = element.get_attribute(BROWSERGYM_ID_ATTRIBUTE)
+            if child_bid is None:
+                raise MarkingError("Cannot mark a child frame without a bid.")
+            mark(child, child_bid)
+
+    mark(page.main_frame, "")
+
+
+_FOCUSED_BID_JS = """(attr) => {
+  let el = document.activeElement;
+  while (el && el.shadowRoot && el.shadowRoot.activeElement) el = el.shadowRoot.activeElement;
+  return el && el.getAttribute ? el.getAttribute(attr) || '' : '';
+}"""
+
+
+def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", screenshot: bool = True) -> PageState:
+    """BrowserGym's observation of ``page``: marked DOM, merged AXTree flattened to text, elements, screenshot."""
+    from agisdk.REAL.browsergym.core.observation import (
+        MarkingError,
+        _post_extract,
+        extract_dom_extra_properties,
+        extract_dom_snapshot,
+        extract_merged_axtree,
+    )
+    from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+    from agisdk.REAL.browsergym.utils.obs import flatten_axtree_to_str
+    from playwright.sync_api import Error as PlaywrightError
+
+    last_error: Exception | None = None
+    for _ in range(3):
+        try:
+            mark_elements(page, tags_to_mark)
+            dom = extract_dom_snapshot(page)
+            axtree = extract_merged_axtree(page)
+            focused = page.evaluate(_FOCUSED_BID_JS, BROWSERGYM_ID_ATTRIBUTE)
+            extra_properties = extract_dom_extra_properties(dom)
+            break
+        except (PlaywrightError, MarkingError) as e:
+            # Frames can detach while a page is still settling; BrowserGym retries these too.
+            last_error = e
+            message = str(e)
+            transient = any(
+                s in message
+                for s in ("detached", "not found", "Execution context was destroyed", "without a bid")
+            )
+            try:
+                _post_extract(page)
+            except PlaywrightError:
+                pass
+            if not transient:
+                raise
+            page.wait_for_timeout(100)
+    else:
+        raise EnvError(f"could not read the page: {last_error}")
+    _post_extract(page)
+    text = flatten_axtree_to_str(axtree)
+    elements = elements_from_axtree(axtree, extra_properties)
+    png = capture_png(page) if screenshot else None
+    return PageState(
+        goal=goal,
+        url=page.url,
+        axtree=text,
+        elements=elements,
+        screenshot=png,
+        extra={"focused_element_bid": focused},
+    )
+
+
+def execute_action(page, action: str, actions=None) -> tuple[str | None, list[tuple[str, str]]]:
+    """Run one BrowserGym action string on ``page`` with BrowserGym's action code.
+
+    Returns ``(error, messages)``: the error text if the browser refused the action
+    (``None`` if it ran), and the ``(role, text)`` messages the action sent
+    (``send_msg_to_user`` -> ``assistant``, ``report_infeasible`` -> ``infeasible``).
+    """
+    from agisdk.REAL.browsergym.core.action.base import execute_python_code
+
+    actions = actions or action_set()
+    messages: list[tuple[str, str]] = []
+    try:
+        code = actions.to_python_code(action)
+    except Exception as e:  # BrowserGym raises ValueError/SyntaxError for a malformed action string
+        return f"{type(e).__name__}: {e}", messages
+    try:
+        execute_python_code(
+            code,
+            page,
+            send_message_to_user=lambda text: messages.append(("assistant", str(text))),
+            report_infeasible_instructions=lambda text: messages.append(("infeasible", str(text))),
+        )
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", messages
+    return None, messages
+
+
+def element_for_action(action: str | None, elements: Sequence[Element]) -> Element | None:
+    """The element an action string targets (its first quoted argument is a bid), if any."""
+    if not action:
+        return None
+    start = action.find("(")
+    if start < 0:
+        return None
+    rest = action[start + 1 :].lstrip()
+    if not rest or rest[0] not in "'\"":
+        return None
+    end = rest.find(rest[0], 1)
+    bid = rest[1:end] if end > 0 else None
+    for el in elements:
+        if el.bid == bid:
+            return el
+    return None

@@ -1,0 +1,143 @@
+"""MiniWoB++ inside agisdk's BrowserGym, in real headless Chromium: seeding, observations, MiniWoB's own rewards."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from halo_data import ids
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def env():
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    e = MiniWoBEnv(headless=True)
+    yield e
+    e.close()
+
+
+def _spec(name):
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    return MiniWoBEnv.task_spec(name)
+
+
+def test_tasks_are_registered_with_agisdk():
+    import gymnasium as gym
+    from agisdk.REAL.browsergym.webclones import task_config
+
+    from halo_agent.envs.miniwob import MiniWoBEnv, MiniWoBTask
+
+    tasks = MiniWoBEnv.list_tasks()
+    assert len(tasks) >= 100
+    assert {"miniwob.click-button", "miniwob.enter-text", "miniwob.click-test"} <= {t.task_id for t in tasks}
+    assert all(t.site == "miniwob" and t.env == "miniwob" for t in tasks)
+    assert all(f"browsergym/{t.task_id}" in gym.registry for t in tasks)
+    assert "miniwob" in task_config.VERSION_DIRS
+    assert MiniWoBTask(seed=0, subdomain="click-test").task_id == "miniwob.click-test"
+    with pytest.raises(ValueError, match="unknown MiniWoB task"):
+        MiniWoBTask(seed=0, subdomain="no-such-task")
+
+
+def test_same_seed_same_instance_across_resets(env):
+    first = env.reset(_spec("click-button"), task_seed=11)
+    env.step("noop(0)")
+    second = env.reset(_spec("click-button"), task_seed=11)
+    assert second.goal == first.goal
+    assert second.axtree == first.axtree
+    assert ids.state_hash(second.url, second.axtree) == ids.state_hash(first.url, first.axtree)
+    assert second.screenshot == first.screenshot
+    goals = {env.reset(_spec("click-button"), task_seed=s).goal for s in (1, 2, 3, 4)}
+    assert len(goals) > 1, "different seeds should give different instances"
+
+
+def test_state_hash_is_the_same_with_a_fresh_context(env):
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    fresh = MiniWoBEnv(isolation="context")
+    try:
+        a = fresh.reset(_spec("enter-text"), task_seed=5)
+        b = fresh.reset(_spec("enter-text"), task_seed=5)
+    finally:
+        fresh.close()
+    c = env.reset(_spec("enter-text"), task_seed=5)
+    assert ids.state_hash(a.url, a.axtree) == ids.state_hash(b.url, b.axtree) == ids.state_hash(c.url, c.axtree)
+
+
+def test_observation_is_browsergym_format(env):
+    page = env.reset(_spec("click-button"), task_seed=3)
+    assert page.url.startswith("file://") and page.url.endswith("/click-button.html")
+    assert page.goal.startswith("Click on the")
+    assert re.search(r"\[\d+\] button '", page.axtree)
+    assert page.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    kinds = {e.kind for e in page.elements}
+    assert "click" in kinds
+    for e in page.elements:
+        assert f"[{e.bid}]" in page.axtree
+
+
+def test_click_button_scored_by_miniwob(env):
+    page = env.reset(_spec("click-button"), task_seed=3)
+    wanted = re.search(r'"(.+)"', page.goal).group(1)
+    right = next(e for e in page.elements if e.role == "button" and e.name == wanted)
+    wrong = next(e for e in page.elements if e.role == "button" and e.name != wanted)
+
+    out = env.step(f"click('{right.bid}')")
+    assert (out.reward, out.terminated, out.raw_reward, out.action_error) == (1.0, True, 1.0, None)
+    assert out.info["done"] is True
+
+    env.reset(_spec("click-button"), task_seed=3)
+    out = env.step(f"click('{wrong.bid}')")
+    assert (out.reward, out.terminated, out.raw_reward) == (0.0, True, -1.0)
+
+
+def test_enter_text_and_action_errors(env):
+    page = env.reset(_spec("enter-text"), task_seed=2)
+    word = re.search(r'"(.+)"', page.goal).group(1)
+    box = next(e for e in page.elements if e.kind == "fill")
+    submit = next(e for e in page.elements if e.role == "button")
+
+    missing = env.step("click('9999')")
+    assert missing.action_error and not missing.terminated and missing.reward == 0.0
+
+    typed = env.step(f"fill('{box.bid}', '{word}')")
+    assert typed.action_error is None and not typed.terminated
+    assert word in typed.page.axtree
+    done = env.step(f"click('{submit.bid}')")
+    assert (done.reward, done.terminated, done.raw_reward) == (1.0, True, 1.0)
+
+
+def test_fractional_raw_reward_is_kept(env):
+    # click-checkboxes-soft pays a partial raw reward for a partly right answer.
+    page = env.reset(_spec("click-checkboxes-soft"), task_seed=1)
+    submit = next(e for e in page.elements if e.role == "button")
+    out = env.step(f"click('{submit.bid}')")
+    assert out.terminated
+    assert out.reward == float(out.raw_reward > 0)
+    assert -1.0 <= out.raw_reward <= 1.0
+
+
+def test_stock_agisdk_browser_env_runs_the_task():
+    """agisdk's own BrowserEnv (gym.make) runs the registered task: one runner for MiniWoB and REAL."""
+    import gymnasium as gym
+
+    import halo_agent.envs.miniwob  # noqa: F401  (registers the tasks)
+
+    bgym_env = gym.make("browsergym/miniwob.click-test", disable_env_checker=True, headless=True, slow_mo=0)
+    try:
+        obs, info = bgym_env.reset(seed=4)
+        assert obs["goal"] == "Click the button."
+        assert obs["url"].endswith("/click-test.html")
+        from agisdk.REAL.browsergym.utils.obs import flatten_axtree_to_str
+
+        text = flatten_axtree_to_str(obs["axtree_object"])
+        bid = re.search(r"\[(\d+)\] button 'Click Me!'", text).group(1)
+        obs, reward, terminated, truncated, info = bgym_env.step(f"click('{bid}')")
+        assert (reward, terminated) == (1.0, True)
+        assert info["task_info"]["raw_reward"] == 1.0
+    finally:
+        bgym_env.close()
