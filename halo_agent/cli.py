@@ -96,6 +96,14 @@ def tasks(env_name: str, task_version: str | None, split: str, subset: str | Non
         specs = [t for t in specs if t.split == split]
     if subset:
         specs = select_subset(env_name, subset, specs)
+    if snapshot and env_name == "real" and not subset and split == "all":
+        # The full REAL snapshot carries every task's JSON and eval script, so a rollout
+        # with --task-registry runs exactly what was snapshotted.
+        from halo_agent.registry import DEFAULT_TASK_VERSION, write_snapshot
+
+        written = write_snapshot(snapshot, task_version or DEFAULT_TASK_VERSION)
+        click.echo(f"wrote {len(written.get('tasks', []))} tasks to {snapshot}", err=True)
+        return
     if snapshot:
         payload = {
             "env": env_name,
@@ -277,3 +285,57 @@ def verify_exploration_command(env_name, task_id, temperature_a, temperature_b, 
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------------------------------ quickstart
+
+
+@main.command()
+@click.option("--lake", default=lambda: os.environ.get("HALO_LAKE", "lake"), show_default="lake/ or $HALO_LAKE", help="Lake root.")
+@click.option("--output-dir", default="out/quickstart", show_default=True, help="Where the tiny model and adapters go.")
+@click.option("--tasks", "task_list", default=None, help="Comma-separated MiniWoB++ tasks (default: six click/focus tasks).")
+@click.option("--rollouts-per-task", type=int, default=6, show_default=True)
+@click.option("--max-steps", type=int, default=8, show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--run-id", default="quickstart", show_default=True, help="Rollout run id (resumed when it exists).")
+@click.option("--warmup-steps", type=int, default=60, show_default=True, help="SFT warm-up steps of the tiny model.")
+@click.option("--train-steps", type=int, default=5, show_default=True, help="Optimizer steps of each training job.")
+@click.option("--jobs", default="bc,dpo,grpo", show_default=True, help="Training jobs to run.")
+@run_cli
+def quickstart(lake: str, output_dir: str, task_list: str | None, rollouts_per_task: int, max_steps: int, workers: int, seed: int, run_id: str, warmup_steps: int, train_steps: int, jobs: str) -> None:
+    """The main job, offline: MiniWoB++ rollouts -> lake -> views -> a short training run -> a summary."""
+    import warnings
+
+    from halo_agent.quickstart import DEFAULT_TASKS, QuickstartConfig, run_quickstart
+
+    # The summary is the output; library deprecation chatter and per-map progress bars are not.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+    job_names = tuple(_split_list(jobs))
+    unknown = [j for j in job_names if j not in ("bc", "dpo", "grpo")]
+    if unknown:
+        fail(f"unknown training job(s) {', '.join(unknown)}: use bc, dpo and/or grpo")
+    cfg = QuickstartConfig(
+        lake=lake,
+        output_dir=output_dir,
+        tasks=tuple(_split_list(task_list)) or DEFAULT_TASKS,
+        rollouts_per_task=rollouts_per_task,
+        max_steps=max_steps,
+        workers=workers,
+        seed=seed,
+        run_id=run_id,
+        warmup_steps=warmup_steps,
+        train_steps=train_steps,
+        jobs=job_names,
+    )
+    run_quickstart(cfg, echo=click.echo)

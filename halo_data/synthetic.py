@@ -28,7 +28,7 @@ from halo_data import ids, prompts
 from halo_data import schema as S
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
-from halo_data.writer import Screenshot
+from halo_data.writer import Screenshot, screenshots_table
 
 SITES = {
     "gomail": ["Inbox", "Compose", "Sent", "Drafts", "Starred", "Archive", "Search mail", "Reply", "Forward"],
@@ -246,21 +246,7 @@ def build_synthetic_lake(root: str, spec: SyntheticSpec, batch_steps: int = 50_0
     def flush() -> None:
         nonlocal cols, rows
         if shots:
-            now = dt.datetime.now(dt.timezone.utc)
-            lake.append(
-                "screenshots",
-                pa.table(
-                    {
-                        "hash_prefix": [h[0] for h in shots],
-                        "hash": list(shots),
-                        "image": pa.array([s.image for s in shots.values()], pa.binary()),
-                        "format": [s.format for s in shots.values()],
-                        "width": pa.array([s.width for s in shots.values()], pa.int32()),
-                        "height": pa.array([s.height for s in shots.values()], pa.int32()),
-                        "created_at": pa.array([now] * len(shots), S.TS),
-                    }
-                ),
-            )
+            lake.append("screenshots", screenshots_table(list(shots.values())))
             shots.clear()
         if rows:
             lake.append("steps", pa.Table.from_pydict(cols, schema=S.STEPS.schema))

@@ -50,6 +50,22 @@ class Screenshot:
         return cls(ids.image_hash(image), image, format, width, height)
 
 
+def screenshots_table(shots: Sequence[Screenshot], created_at: dt.datetime | None = None) -> pa.Table:
+    """Rows of the ``screenshots`` table for these images."""
+    now = created_at or dt.datetime.now(dt.timezone.utc)
+    return pa.table(
+        {
+            "hash_prefix": [s.hash[0] for s in shots],
+            "hash": [s.hash for s in shots],
+            "image": pa.array([s.image for s in shots], pa.binary()),
+            "format": [s.format for s in shots],
+            "width": pa.array([s.width for s in shots], pa.int32()),
+            "height": pa.array([s.height for s in shots], pa.int32()),
+            "created_at": pa.array([now] * len(shots), S.TS),
+        }
+    )
+
+
 @dataclasses.dataclass
 class FlushResult:
     episode_ids: list[str]
@@ -154,18 +170,7 @@ class EpisodeWriter:
             now = dt.datetime.now(dt.timezone.utc)
             shots = list(self._shots.values())
             if shots:
-                shot_table = pa.table(
-                    {
-                        "hash_prefix": [s.hash[0] for s in shots],
-                        "hash": [s.hash for s in shots],
-                        "image": pa.array([s.image for s in shots], pa.binary()),
-                        "format": [s.format for s in shots],
-                        "width": pa.array([s.width for s in shots], pa.int32()),
-                        "height": pa.array([s.height for s in shots], pa.int32()),
-                        "created_at": pa.array([now] * len(shots), S.TS),
-                    }
-                )
-                self.lake.append("screenshots", shot_table)
+                self.lake.append("screenshots", screenshots_table(shots, now))
                 assert self._known is not None
                 self._known.update(s.hash for s in shots)
                 self._shots.clear()

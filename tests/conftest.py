@@ -36,3 +36,17 @@ def synthetic_lake(tmp_path):
 
     spec = SyntheticSpec(n_steps=600, attempts_per_task=4, min_steps=5, max_steps=12, screenshot_size=(48, 32), seed=7)
     return build_synthetic_lake(str(tmp_path / "synthetic-lake"), spec)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Release DuckDB connections that outlive the tests (the dashboard caches one per lake
+    snapshot for the life of the process), so none is alive when DuckDB's module is torn down."""
+    import gc
+    import sys
+
+    if "streamlit" in sys.modules:
+        import streamlit as st
+
+        st.cache_resource.clear()
+        st.cache_data.clear()
+    gc.collect()

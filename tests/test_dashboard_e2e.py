@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 import urllib.request
@@ -72,10 +73,29 @@ def dashboard_url(tmp_path):
 
 
 def test_dashboard_in_chromium(dashboard_url, tmp_path):
-    from playwright.sync_api import sync_playwright
-
     shots = Path(os.environ.get("HALO_E2E_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
+    # Sync Playwright refuses to start where another sync Playwright (agisdk's, kept for the
+    # whole process by earlier rollout tests) owns the thread's event loop: use a thread of our own.
+    errors: list[BaseException] = []
+
+    def browse() -> None:
+        try:
+            _browse(dashboard_url, shots)
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+
+    worker = threading.Thread(target=browse)
+    worker.start()
+    worker.join(timeout=240)
+    assert not worker.is_alive(), "the browser did not finish within 240 s"
+    if errors:
+        raise errors[0]
+
+
+def _browse(dashboard_url: str, shots: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:

@@ -1,0 +1,234 @@
+"""Write one synthetic data set to both layouts in a single pass over the generator.
+
+- the lake: bulk Arrow appends of whole episodes (``steps``) and content-addressed
+  ``screenshots`` (one row per distinct image);
+- the older layout: one JSONL file per episode — an ``episode_start`` record
+  (provenance such as task_seed and worker_temperature), one ``step`` record per
+  step with the screenshot inline as base64 PNG and the prompt as chat messages,
+  and an ``episode_end`` record with the outcome;
+- the same older layout with the screenshots stripped (to show the lake's gain is
+  not only "no base64").
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from halo_data import schema as S
+from halo_data.lake import Lake
+from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, generate_episodes
+
+log = logging.getLogger(__name__)
+
+# Step fields the older pipeline kept per step, with its names.
+LEGACY_STEP_FIELDS = {
+    "step_idx": "step",
+    "url": "url",
+    "observation": "axtree",
+    "model_output": "model_output",
+    "action": "action",
+    "action_valid": "action_valid",
+    "parse_error": "parse_error",
+    "reward": "reward",
+    "cumulative_progress": "progress",
+    "state_hash": "state_hash",
+    "latency_ms": "latency_ms",
+    "env_ms": "env_ms",
+}
+REWARD_FIELDS = {"r_progress": "progress", "r_novelty": "novelty", "r_loop": "loop", "r_validity": "validity", "r_success": "success"}
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    steps: int
+    episodes: int
+    screenshots: int
+    screenshot_steps: int
+    new_state_share: float
+    seconds: float
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def legacy_records(ep: SyntheticEpisode, shots_b64: dict[str, str] | None) -> list[dict[str, Any]]:
+    """The older per-episode JSONL records of one episode (``shots_b64`` None: screenshots stripped)."""
+    e = ep.episode
+    records: list[dict[str, Any]] = [
+        {
+            "type": "episode_start",
+            "episode_id": e["episode_id"],
+            "run_id": e["run_id"],
+            "env": e["env"],
+            "task_id": e["task_id"],
+            "site": e["site"],
+            "task_seed": e["task_seed"],
+            "attempt_idx": e["attempt_idx"],
+            "seed": e["seed"],
+            "worker_temperature": e["temperature"],
+            "policy": e["policy"],
+            "policy_version": e["policy_version"],
+            "mode": e["mode"],
+            "goal": ep.steps[0]["goal"] if ep.steps else None,
+            "started_at": _iso(e["started_at"]),
+        }
+    ]
+    for s in ep.steps:
+        rec: dict[str, Any] = {"type": "step"}
+        for src, dst in LEGACY_STEP_FIELDS.items():
+            rec[dst] = s.get(src)
+        rec["prompt"] = json.loads(s["prompt"])
+        rec["reward_components"] = {dst: s.get(src) for src, dst in REWARD_FIELDS.items()}
+        if shots_b64 is not None and s.get("screenshot_hash"):
+            rec["screenshot"] = shots_b64[s["screenshot_hash"]]
+        records.append(rec)
+    records.append(
+        {
+            "type": "episode_end",
+            "success": e["success"],
+            "task_reward": e["task_reward"],
+            "raw_reward": e["raw_reward"],
+            "n_steps": e["n_steps"],
+            "terminated": e["terminated"],
+            "truncated": e["truncated"],
+            "error": e["error"],
+            "ended_at": _iso(e["ended_at"]),
+        }
+    )
+    return records
+
+
+def write_legacy_episode(path: Path, records: list[dict[str, Any]]) -> int:
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    data = text.encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+class _LakeBulkWriter:
+    """Large commits of whole episodes: the bulk path (a rollout goes through EpisodeWriter)."""
+
+    def __init__(self, lake: Lake, batch_steps: int):
+        self.lake = lake
+        self.batch_steps = batch_steps
+        self.cols: dict[str, list] = {c: [] for c in S.STEPS.column_names}
+        self.shots: dict[str, Any] = {}
+        self.rows = 0
+
+    def add(self, ep: SyntheticEpisode) -> None:
+        last = len(ep.steps) - 1
+        for step in ep.steps:
+            row = {**step, **ep.episode, "is_last": step["step_idx"] == last, "state_hash_version": S.STATE_HASH_VERSION}
+            for c, col in self.cols.items():
+                col.append(row.get(c))
+        for s in ep.screenshots:
+            self.shots[s.hash] = s
+        self.rows += len(ep.steps)
+        if self.rows >= self.batch_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.shots:
+            now = dt.datetime.now(dt.timezone.utc)
+            shots = list(self.shots.values())
+            self.lake.append(
+                "screenshots",
+                pa.table(
+                    {
+                        "hash_prefix": [s.hash[0] for s in shots],
+                        "hash": [s.hash for s in shots],
+                        "image": pa.array([s.image for s in shots], pa.binary()),
+                        "format": [s.format for s in shots],
+                        "width": pa.array([s.width for s in shots], pa.int32()),
+                        "height": pa.array([s.height for s in shots], pa.int32()),
+                        "created_at": pa.array([now] * len(shots), S.TS),
+                    }
+                ),
+            )
+            self.shots.clear()
+        if self.rows:
+            self.lake.append("steps", pa.Table.from_pydict(self.cols, schema=S.STEPS.schema))
+        self.cols = {c: [] for c in S.STEPS.column_names}
+        self.rows = 0
+
+
+def generate(
+    spec: SyntheticSpec,
+    lake_root: str | os.PathLike[str] | None,
+    jsonl_dir: str | os.PathLike[str] | None = None,
+    jsonl_stripped_dir: str | os.PathLike[str] | None = None,
+    batch_steps: int = 50_000,
+) -> GenerateResult:
+    """Generate ``spec`` once and write it to every layout asked for."""
+    t0 = time.perf_counter()
+    lake = Lake.init(str(lake_root)) if lake_root else None
+    bulk = _LakeBulkWriter(lake, batch_steps) if lake else None
+    dirs = [Path(d) for d in (jsonl_dir, jsonl_stripped_dir) if d]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    # Screenshots of a task's states are revisited only by that task's attempts, so the base64
+    # cache holds one task at a time (memory stays flat at any size).
+    task_b64: dict[str, str] = {}
+    current_task = None
+    steps = episodes = shots = shot_steps = 0
+    for ep in generate_episodes(spec):
+        if bulk:
+            bulk.add(ep)
+        if jsonl_dir or jsonl_stripped_dir:
+            if ep.episode["task_id"] != current_task:
+                task_b64.clear()
+                current_task = ep.episode["task_id"]
+            for s in ep.screenshots:
+                task_b64[s.hash] = base64.b64encode(s.image).decode("ascii")
+            name = f"{ep.episode['episode_id']}.jsonl"
+            if jsonl_dir:
+                write_legacy_episode(Path(jsonl_dir) / name, legacy_records(ep, task_b64))
+            if jsonl_stripped_dir:
+                write_legacy_episode(Path(jsonl_stripped_dir) / name, legacy_records(ep, None))
+        steps += len(ep.steps)
+        episodes += 1
+        shots += len(ep.screenshots)
+        shot_steps += sum(1 for s in ep.steps if s.get("screenshot_hash"))
+    if bulk:
+        bulk.flush()
+        now = dt.datetime.now(dt.timezone.utc)
+        lake.upsert_runs(
+            [
+                {
+                    "run_id": spec.run_id,
+                    "kind": "rollout",
+                    "mode": "random",
+                    "env": "mixed",
+                    "policy": "random",
+                    "policy_version": "v0",
+                    "split": "train",
+                    "config": json.dumps(dataclasses.asdict(spec)),
+                    "command": "python -m bench",
+                    "planned_episodes": episodes,
+                    "status": "finished",
+                    "started_at": now,
+                    "ended_at": now,
+                    "provenance": json.dumps({"generator": "halo_data.synthetic", "bench": "bench.generate"}),
+                }
+            ]
+        )
+    return GenerateResult(
+        steps=steps,
+        episodes=episodes,
+        screenshots=shots,
+        screenshot_steps=shot_steps,
+        new_state_share=shots / steps if steps else 0.0,
+        seconds=time.perf_counter() - t0,
+    )
