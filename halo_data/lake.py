@@ -35,15 +35,21 @@ INFO_PATH = "meta/info.json"
 MAX_COMMIT_RETRIES = 1000
 
 
-def writer_properties():
-    """Parquet settings of every file HALO writes.
+def writer_properties(table: str | None = None):
+    """Parquet settings of the files HALO writes to ``table``.
 
     zstd level 3: the text columns (AXTree, prompts that repeat most of it) come out ~3x
     smaller than with delta-rs's default snappy, at the same write speed (measured on
-    synthetic rollouts); PNG screenshots are incompressible either way.
+    synthetic rollouts). Screenshots are PNG/WebP, already compressed: compressing them
+    again only costs time, and min/max statistics of image bytes are useless.
     """
-    from deltalake import WriterProperties
+    from deltalake import ColumnProperties, WriterProperties
 
+    if table == "screenshots":
+        return WriterProperties(
+            compression="UNCOMPRESSED",
+            column_properties={"image": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")},
+        )
     return WriterProperties(compression="ZSTD", compression_level=3)
 
 
@@ -347,7 +353,7 @@ class Lake:
             partition_by=list(spec.partition_by) or None,
             storage_options=self.storage_options,
             commit_properties=CommitProperties(max_commit_retries=retries),
-            writer_properties=writer_properties(),
+            writer_properties=writer_properties(name),
         )
         return dtab.version()
 
@@ -389,7 +395,7 @@ class Lake:
         self.upsert_runs([row])
 
     # ------------------------------------------------------------------ reading
-    def connect(self, as_of: Any = None, params: Any = None, views: bool = True):
+    def connect(self, as_of: Any = None, params: Any = None, views: bool | str = True):
         """A DuckDB connection with every table (as of a snapshot) and every view registered."""
         from halo_data.reader import connect
 

@@ -83,7 +83,7 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"commit_properties": CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES)}
         if target_size:
             kwargs["target_size"] = target_size
-        metrics = dtab.optimize.compact(writer_properties=writer_properties(), **kwargs)
+        metrics = dtab.optimize.compact(writer_properties=writer_properties(name), **kwargs)
         report["tables"][name] = {
             "files_removed": metrics.get("numFilesRemoved", 0),
             "files_added": metrics.get("numFilesAdded", 0),

@@ -57,7 +57,7 @@ def run_query(
 ) -> pa.Table:
     """Run read-only SQL against the lake's tables and views; returns the last statement's rows."""
     statements = check_read_only(sql)
-    con = lake.connect(as_of=as_of, params=params)
+    con = lake.connect(as_of=as_of, params=params, views=sql)
     try:
         from halo_data.reader import sql_arrow
 

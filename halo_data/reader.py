@@ -99,7 +99,8 @@ def _collect_at_exit() -> None:
     gc.collect()
 
 
-def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool | str = True) -> duckdb.DuckDBPyConnection:
+    """``views``: True for every view, False for none, or a query whose views (and theirs) to create."""
     from halo_data.lake import parse_as_of
     from halo_data.views import create_views
 
@@ -125,7 +126,9 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
             version = None
         register_table(con, lake, name, version)
     set_params(con, params)
-    if views:
+    if isinstance(views, str):
+        create_views(con, only_for=views)
+    elif views:
         create_views(con)
     return con
 

@@ -11,6 +11,7 @@ survive (a renamed or retyped column); adding a nullable column is not one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pyarrow as pa
 
@@ -40,13 +41,22 @@ class TableSpec:
 
     @property
     def column_names(self) -> list[str]:
-        return [c.name for c in self.columns]
+        return list(self._names)
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        return _column_names(self.columns)
 
     def column(self, name: str) -> Column:
         for c in self.columns:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _column_names(columns: tuple[Column, ...]) -> tuple[str, ...]:
+    return tuple(c.name for c in columns)
 
 
 def C(name: str, type_: pa.DataType, doc: str) -> Column:

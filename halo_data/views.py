@@ -58,6 +58,38 @@ def get_view(name: str) -> View:
     raise LakeError(f"unknown view {name!r}: `halo-data views` lists them ({', '.join(view_names())})")
 
 
-def create_views(con: duckdb.DuckDBPyConnection) -> None:
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Queries about the catalog itself see every view.
+_CATALOG = re.compile(r"\b(show|information_schema|duckdb_views|duckdb_tables|pragma_table_info)\b", re.IGNORECASE)
+
+
+def _mentioned(sql: str) -> set[str]:
+    names = set(view_names())
+    return {w.lower() for w in _WORD.findall(sql)} & names
+
+
+def views_needed(sql: str) -> list[str]:
+    """The views ``sql`` mentions and the views those build on, in creation order."""
+    by_name = {v.name: v for v in all_views()}
+    needed: set[str] = set()
+    todo = list(_mentioned(sql))
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        todo.extend(_mentioned(by_name[name].sql) - needed)
+    return [v.name for v in all_views() if v.name in needed]
+
+
+def create_views(con: duckdb.DuckDBPyConnection, only_for: str | None = None) -> None:
+    """Create every view, or with ``only_for`` (a query) just the views it needs.
+
+    Creating a view binds it, which reads the footers of the files under it; a query that
+    needs no view (``select count(*) from steps``) should not pay for ten.
+    """
+    catalog_query = only_for is not None and _CATALOG.search(only_for)
+    wanted = None if only_for is None or catalog_query else set(views_needed(only_for))
     for v in all_views():
-        con.execute(f'CREATE OR REPLACE VIEW "{v.name}" AS\n{v.sql}')
+        if wanted is None or v.name in wanted:
+            con.execute(f'CREATE OR REPLACE VIEW "{v.name}" AS\n{v.sql}')

@@ -45,8 +45,14 @@ def pytest_sessionfinish(session, exitstatus):
     import sys
 
     if "streamlit" in sys.modules:
+        import logging
+
         import streamlit as st
 
+        # Outside a running app, clearing the caches logs a notice that would follow pytest's summary.
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("streamlit"):
+                logging.getLogger(name).setLevel(logging.ERROR)
         st.cache_resource.clear()
         st.cache_data.clear()
     gc.collect()

@@ -28,8 +28,7 @@ step_returns AS (
         s.run_id,
         s.step_idx,
         s.state_hash,
-        s.prompt,
-        s.model_output AS completion,
+        s.prompt IS NOT NULL AND s.model_output IS NOT NULL AS trainable,
         s.logprob_sum,
         s.shaped_reward,
         CASE
@@ -57,7 +56,7 @@ members AS (
         e.reward - e.group_mean AS episode_advantage
     FROM step_returns AS st
     JOIN episode_groups AS e USING (episode_id)
-    WHERE st.prompt IS NOT NULL AND st.completion IS NOT NULL
+    WHERE st.trainable
 ),
 
 anchors AS (
@@ -79,34 +78,43 @@ combined AS (
         discounted_return - step_group_mean AS step_advantage,
         episode_advantage + getvariable('halo_omega') * (discounted_return - step_group_mean) AS combined_advantage
     FROM anchors
+),
+
+-- Windows run on keys only; the prompt and completion text joins the result once, at the end.
+long_form AS (
+    SELECT
+        'episode' AS level,
+        episode_group_key AS group_key,
+        episode_id AS member_id,
+        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, logprob_sum,
+        episode_reward AS reward,
+        episode_group_mean AS group_mean,
+        episode_group_std AS group_std,
+        episode_group_size AS group_size,
+        episode_zero_std AS zero_std,
+        episode_advantage AS advantage,
+        combined_advantage
+    FROM combined
+    UNION ALL
+    SELECT
+        'step' AS level,
+        step_group_key AS group_key,
+        episode_id || ':' || CAST(step_idx AS VARCHAR) AS member_id,
+        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, logprob_sum,
+        discounted_return AS reward,
+        step_group_mean AS group_mean,
+        step_group_std AS group_std,
+        step_group_size AS group_size,
+        step_zero_std AS zero_std,
+        step_advantage AS advantage,
+        combined_advantage
+    FROM combined
 )
 
 SELECT
-    'episode' AS level,
-    episode_group_key AS group_key,
-    episode_id AS member_id,
-    run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash,
-    prompt, completion, logprob_sum,
-    episode_reward AS reward,
-    episode_group_mean AS group_mean,
-    episode_group_std AS group_std,
-    episode_group_size AS group_size,
-    episode_zero_std AS zero_std,
-    episode_advantage AS advantage,
-    combined_advantage
-FROM combined
-UNION ALL
-SELECT
-    'step' AS level,
-    step_group_key AS group_key,
-    episode_id || ':' || CAST(step_idx AS VARCHAR) AS member_id,
-    run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash,
-    prompt, completion, logprob_sum,
-    discounted_return AS reward,
-    step_group_mean AS group_mean,
-    step_group_std AS group_std,
-    step_group_size AS group_size,
-    step_zero_std AS zero_std,
-    step_advantage AS advantage,
-    combined_advantage
-FROM combined
+    l.level, l.group_key, l.member_id,
+    l.run_id, l.task_id, l.task_seed, l.policy_version, l.episode_id, l.step_idx, l.state_hash,
+    t.prompt, t.model_output AS completion, l.logprob_sum,
+    l.reward, l.group_mean, l.group_std, l.group_size, l.zero_std, l.advantage, l.combined_advantage
+FROM long_form AS l
+JOIN steps AS t ON t.episode_id = l.episode_id AND t.step_idx = l.step_idx
