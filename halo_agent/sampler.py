@@ -441,6 +441,10 @@ class EpisodeRunner:
                     env_reward=env_reward,
                 )
                 extra: dict[str, Any] = {"policy_seed": spec.policy_seed}
+                target = element_for_action(out.action, page.elements)
+                target_bbox = page.extra.get("element_bboxes", {}).get(target.bid) if target is not None else None
+                if target_bbox is not None:
+                    extra["action_bbox"] = target_bbox
                 if step_rewards.milestones:
                     extra["milestones"] = step_rewards.milestones
                 if outcome is not None and outcome.info:

@@ -50,6 +50,14 @@ def writer_properties(table: str | None = None):
             compression="UNCOMPRESSED",
             column_properties={"image": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")},
         )
+    if table == "steps":
+        # Long unique texts: trying a dictionary first and falling back costs time and saves nothing.
+        plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+        return WriterProperties(
+            compression="ZSTD",
+            compression_level=3,
+            column_properties={c: plain for c in ("observation", "prompt", "model_output", "extra")},
+        )
     return WriterProperties(compression="ZSTD", compression_level=3)
 
 

@@ -303,7 +303,16 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
         axtree=text,
         elements=elements,
         screenshot=png,
-        extra={"focused_element_bid": focused},
+        extra={
+            "focused_element_bid": focused,
+            # [x, y, width, height] in CSS pixels of the elements a policy may act on, so the
+            # step can record where its action landed (the dashboard draws it).
+            "element_bboxes": {
+                e.bid: list(extra_properties[e.bid]["bbox"])
+                for e in elements
+                if extra_properties.get(e.bid, {}).get("bbox") is not None
+            },
+        },
     )
 
 
