@@ -19,5 +19,5 @@ JOIN progress_ranking AS r USING (episode_id)
 WHERE r.in_top_percent
   AND r.error IS NULL
   AND s.action_valid
-  AND s.prompt IS NOT NULL
+  AND s.prompt_hash IS NOT NULL  -- set with the prompt; cheaper to test than the prompt itself
   AND s.model_output IS NOT NULL

@@ -4,7 +4,6 @@ WITH ranked_steps AS (
         s.run_id,
         s.task_id,
         s.prompt_hash,
-        s.prompt,
         s.model_output AS completion,
         s.episode_id,
         s.step_idx,
@@ -12,7 +11,8 @@ WITH ranked_steps AS (
         r.percentile
     FROM steps AS s
     JOIN progress_ranking AS r USING (episode_id)
-    WHERE s.prompt IS NOT NULL AND s.model_output IS NOT NULL AND r.error IS NULL
+    -- pairing reads the prompt's hash only; the prompt text joins the few pairs at the end
+    WHERE s.prompt_hash IS NOT NULL AND s.model_output IS NOT NULL AND r.error IS NULL
 ),
 
 episode_candidate_pairs AS (
@@ -21,7 +21,6 @@ episode_candidate_pairs AS (
         c.run_id,
         c.task_id,
         c.prompt_hash,
-        c.prompt,
         c.completion AS chosen,
         r.completion AS rejected,
         c.episode_id AS chosen_episode_id,
@@ -40,7 +39,7 @@ episode_candidate_pairs AS (
         AND c.completion <> r.completion
 ),
 
-episode_pairs AS (
+episode_pairs_by_key AS (
     SELECT * EXCLUDE (chosen_rank, rejected_rank)
     FROM episode_candidate_pairs
     QUALIFY
@@ -57,6 +56,15 @@ episode_pairs AS (
                     chosen_step_idx, rejected_step_idx
             ) = 1
         END
+),
+
+episode_pairs AS (
+    SELECT
+        p.source, p.run_id, p.task_id, p.prompt_hash, s.prompt, p.chosen, p.rejected,
+        p.chosen_episode_id, p.chosen_step_idx, p.rejected_episode_id, p.rejected_step_idx,
+        p.chosen_score, p.rejected_score
+    FROM episode_pairs_by_key AS p
+    LEFT JOIN steps AS s ON s.episode_id = p.chosen_episode_id AND s.step_idx = p.chosen_step_idx
 ),
 
 candidate_pairs AS (

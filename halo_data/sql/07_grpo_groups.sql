@@ -11,15 +11,21 @@ WITH episode_members AS (
     WHERE error IS NULL
 ),
 
-episode_groups AS (
+episode_group_stats AS (
     SELECT
-        *,
-        avg(reward) OVER g AS group_mean,
-        coalesce(stddev_samp(reward) OVER g, 0) AS group_std,
-        count(*) OVER g AS group_size,
-        (max(reward) OVER g - min(reward) OVER g) <= 1e-9 AS zero_std
+        group_key,
+        avg(reward) AS group_mean,
+        coalesce(stddev_samp(reward), 0) AS group_std,
+        count(*) AS group_size,
+        (max(reward) - min(reward)) <= 1e-9 AS zero_std
     FROM episode_members
-    WINDOW g AS (PARTITION BY group_key)
+    GROUP BY group_key
+),
+
+episode_groups AS (
+    SELECT m.*, g.group_mean, g.group_std, g.group_size, g.zero_std
+    FROM episode_members AS m
+    JOIN episode_group_stats AS g USING (group_key)
 ),
 
 step_returns AS (
@@ -28,7 +34,9 @@ step_returns AS (
         s.run_id,
         s.step_idx,
         s.state_hash,
-        s.prompt IS NOT NULL AND s.model_output IS NOT NULL AS trainable,
+        -- prompt_hash, not the prompt: the writer sets one with the other, and the hash is cheap to read
+        s.prompt_hash IS NOT NULL AND s.model_output IS NOT NULL AS trainable,
+        s.model_output AS completion,
         s.logprob_sum,
         s.shaped_reward,
         CASE
@@ -59,17 +67,30 @@ members AS (
     WHERE st.trainable
 ),
 
-anchors AS (
+-- Group statistics by aggregation and a join: much cheaper than windows over every step.
+anchor_keyed AS (
     SELECT
         *,
-        episode_group_key || '|' || coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)) AS step_group_key,
-        avg(discounted_return) OVER a AS step_group_mean,
-        coalesce(stddev_samp(discounted_return) OVER a, 0) AS step_group_std,
-        count(*) OVER a AS step_group_size,
-        (max(discounted_return) OVER a - min(discounted_return) OVER a) <= 1e-9 AS step_zero_std
+        -- a step with no state_hash is an anchor of its own: unknown states must not be grouped together
+        episode_group_key || '|' || coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)) AS step_group_key
     FROM members
-    -- a step with no state_hash is an anchor of its own: unknown states must not be grouped together
-    WINDOW a AS (PARTITION BY episode_group_key, coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)))
+),
+
+anchor_stats AS (
+    SELECT
+        step_group_key,
+        avg(discounted_return) AS step_group_mean,
+        coalesce(stddev_samp(discounted_return), 0) AS step_group_std,
+        count(*) AS step_group_size,
+        (max(discounted_return) - min(discounted_return)) <= 1e-9 AS step_zero_std
+    FROM anchor_keyed
+    GROUP BY step_group_key
+),
+
+anchors AS (
+    SELECT k.*, a.step_group_mean, a.step_group_std, a.step_group_size, a.step_zero_std
+    FROM anchor_keyed AS k
+    JOIN anchor_stats AS a USING (step_group_key)
 ),
 
 combined AS (
@@ -80,13 +101,13 @@ combined AS (
     FROM anchors
 ),
 
--- Windows run on keys only; the prompt and completion text joins the result once, at the end.
+-- Statistics run without the prompt text (the largest column of the lake); it joins once, at the end.
 long_form AS (
     SELECT
         'episode' AS level,
         episode_group_key AS group_key,
         episode_id AS member_id,
-        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, logprob_sum,
+        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, completion, logprob_sum,
         episode_reward AS reward,
         episode_group_mean AS group_mean,
         episode_group_std AS group_std,
@@ -100,7 +121,7 @@ long_form AS (
         'step' AS level,
         step_group_key AS group_key,
         episode_id || ':' || CAST(step_idx AS VARCHAR) AS member_id,
-        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, logprob_sum,
+        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, completion, logprob_sum,
         discounted_return AS reward,
         step_group_mean AS group_mean,
         step_group_std AS group_std,
@@ -114,7 +135,7 @@ long_form AS (
 SELECT
     l.level, l.group_key, l.member_id,
     l.run_id, l.task_id, l.task_seed, l.policy_version, l.episode_id, l.step_idx, l.state_hash,
-    t.prompt, t.model_output AS completion, l.logprob_sum,
+    t.prompt, l.completion, l.logprob_sum,
     l.reward, l.group_mean, l.group_std, l.group_size, l.zero_std, l.advantage, l.combined_advantage
 FROM long_form AS l
-JOIN steps AS t ON t.episode_id = l.episode_id AND t.step_idx = l.step_idx
+LEFT JOIN steps AS t ON t.episode_id = l.episode_id AND t.step_idx = l.step_idx
