@@ -29,6 +29,10 @@ def _sql_list(items: list[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in items) + "]"
 
 
+# Columns an older lake lacks that can be computed from one it has: (source column, SQL).
+DERIVED = {"prompt_hash": ("prompt", "sha256(prompt)")}
+
+
 def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
     from halo_data.lake import duckdb_type
 
@@ -36,6 +40,9 @@ def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
     for c in spec.columns:
         if c.name in have:
             parts.append(f'"{c.name}"')
+        elif c.name in DERIVED and DERIVED[c.name][0] in have:
+            # a lake from before this column: derive it the way the writer does
+            parts.append(f'{DERIVED[c.name][1]} AS "{c.name}"')
         else:
             parts.append(f'CAST(NULL AS {duckdb_type(c.type)}) AS "{c.name}"')
     parts += [f'"{n}"' for n in extra]
