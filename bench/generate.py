@@ -26,7 +26,8 @@ import pyarrow as pa
 
 from halo_data import schema as S
 from halo_data.lake import Lake
-from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, generate_episodes
+from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, generate_episodes, synthetic_run_row
+from halo_data.writer import screenshots_table
 
 log = logging.getLogger(__name__)
 
@@ -141,22 +142,7 @@ class _LakeBulkWriter:
 
     def flush(self) -> None:
         if self.shots:
-            now = dt.datetime.now(dt.timezone.utc)
-            shots = list(self.shots.values())
-            self.lake.append(
-                "screenshots",
-                pa.table(
-                    {
-                        "hash_prefix": [s.hash[0] for s in shots],
-                        "hash": [s.hash for s in shots],
-                        "image": pa.array([s.image for s in shots], pa.binary()),
-                        "format": [s.format for s in shots],
-                        "width": pa.array([s.width for s in shots], pa.int32()),
-                        "height": pa.array([s.height for s in shots], pa.int32()),
-                        "created_at": pa.array([now] * len(shots), S.TS),
-                    }
-                ),
-            )
+            self.lake.append("screenshots", screenshots_table(list(self.shots.values())))
             self.shots.clear()
         if self.rows:
             self.lake.append("steps", pa.Table.from_pydict(self.cols, schema=S.STEPS.schema))
@@ -203,27 +189,7 @@ def generate(
         shot_steps += sum(1 for s in ep.steps if s.get("screenshot_hash"))
     if bulk:
         bulk.flush()
-        now = dt.datetime.now(dt.timezone.utc)
-        lake.upsert_runs(
-            [
-                {
-                    "run_id": spec.run_id,
-                    "kind": "rollout",
-                    "mode": "random",
-                    "env": "mixed",
-                    "policy": "random",
-                    "policy_version": "v0",
-                    "split": "train",
-                    "config": json.dumps(dataclasses.asdict(spec)),
-                    "command": "python -m bench",
-                    "planned_episodes": episodes,
-                    "status": "finished",
-                    "started_at": now,
-                    "ended_at": now,
-                    "provenance": json.dumps({"generator": "halo_data.synthetic", "bench": "bench.generate"}),
-                }
-            ]
-        )
+        lake.upsert_runs([synthetic_run_row(spec, "python -m bench", planned_episodes=episodes, bench="bench.generate")])
     return GenerateResult(
         steps=steps,
         episodes=episodes,

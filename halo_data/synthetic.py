@@ -269,24 +269,26 @@ def build_synthetic_lake(root: str, spec: SyntheticSpec, batch_steps: int = 50_0
     flush()
     if bar:
         bar.close()
-    now = dt.datetime.now(dt.timezone.utc)
-    lake.upsert_runs(
-        [
-            {
-                "run_id": spec.run_id,
-                "kind": "rollout",
-                "mode": "random",
-                "env": "mixed",
-                "policy": "random",
-                "policy_version": "v0",
-                "split": "train",
-                "config": json.dumps(dataclasses.asdict(spec)),
-                "command": "halo_data.synthetic.build_synthetic_lake",
-                "status": "finished",
-                "started_at": now,
-                "ended_at": now,
-                "provenance": json.dumps({"generator": "halo_data.synthetic"}),
-            }
-        ]
-    )
+    lake.upsert_runs([synthetic_run_row(spec, "halo_data.synthetic.build_synthetic_lake")])
     return lake
+
+
+def synthetic_run_row(spec: SyntheticSpec, command: str, planned_episodes: int | None = None, **provenance: str) -> dict:
+    """The ``runs`` row of a synthetic data set."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return {
+        "run_id": spec.run_id,
+        "kind": "rollout",
+        "mode": "random",
+        "env": "mixed",
+        "policy": "random",
+        "policy_version": "v0",
+        "split": "train",
+        "config": json.dumps(dataclasses.asdict(spec)),
+        "command": command,
+        "planned_episodes": planned_episodes,
+        "status": "finished",
+        "started_at": now,
+        "ended_at": now,
+        "provenance": json.dumps({"generator": "halo_data.synthetic", **provenance}),
+    }

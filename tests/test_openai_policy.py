@@ -28,7 +28,6 @@ from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
 from halo_agent.policies.hf_policy import HFPolicy, LocalChatModel, chat_prompt_ids  # noqa: E402
 from halo_agent.policies.openai_policy import OpenAIPolicy, PolicyConfigError  # noqa: E402
 from halo_agent.types import Element, Observation  # noqa: E402
-from halo_data import prompts  # noqa: E402
 from halo_data.ids import image_hash  # noqa: E402
 
 pytestmark = pytest.mark.slow
