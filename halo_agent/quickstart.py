@@ -67,8 +67,7 @@ def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -
     from halo_data.lake import Lake
 
     t0 = time.perf_counter()
-    Lake.init(cfg.lake)
-    lake = Lake.open(cfg.lake)
+    lake = Lake.init(cfg.lake)
     resume = cfg.run_id in _run_ids(lake)
 
     echo(f"[1/4] MiniWoB++ rollouts: {len(cfg.tasks)} tasks x {cfg.rollouts_per_task} attempts, random policy -> {cfg.lake}")

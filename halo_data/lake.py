@@ -410,6 +410,8 @@ class Lake:
         return connect(self, as_of=as_of, params=params, views=views)
 
     def query_arrow(self, sql: str, parameters: Mapping[str, Any] | None = None, **connect_kw: Any) -> pa.Table:
+        # Only the views the query names are created unless the caller says otherwise.
+        connect_kw.setdefault("views", sql)
         con = self.connect(**connect_kw)
         try:
             from halo_data.reader import sql_arrow

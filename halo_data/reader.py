@@ -54,28 +54,24 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
     view_name = RAW_TABLE_NAMES.get(name, name)
     dtab = lake.table(name, version)
     table_schema = pa.schema(dtab.schema().to_arrow())
-    have = set(table_schema.names)
-    extra = [n for n in table_schema.names if n not in spec.column_names]
-    projection = _projection(spec, have, extra)
     if lake.is_local:
         files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris()]
         if files:
             hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
             hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
             source = f"read_parquet({_sql_list(files)}, union_by_name=true{hive})"
+            # After schema evolution the table's schema lists columns that older files lack, and
+            # read_parquet only knows the columns its files hold: project what the files really have.
+            have = {d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description}
         else:
             source = None
+            have = set()
     else:
         # Object stores: DuckDB reads through delta-rs's Arrow dataset (no extension download needed).
-        ds = dtab.to_pyarrow_dataset()
-        con.register(f"__arrow_{name}", ds)
+        con.register(f"__arrow_{name}", dtab.to_pyarrow_dataset())
         source = f"__arrow_{name}"
-    if source is not None and lake.is_local:
-        # After schema evolution the table's schema lists columns that older files lack, and
-        # read_parquet only knows the columns its files hold: project what the files really have.
-        have = {d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description}
-        extra = [n for n in extra if n in have]
-        projection = _projection(spec, have, extra)
+        have = set(table_schema.names)
+    extra = [n for n in table_schema.names if n not in spec.column_names and (source is None or n in have)]
     if source is None:
         from halo_data.lake import duckdb_type
 
@@ -83,7 +79,7 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
         cols += [f'CAST(NULL AS {duckdb_type(table_schema.field(n).type)}) AS "{n}"' for n in extra]
         con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {", ".join(cols)} WHERE false')
     else:
-        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {projection} FROM {source}')
+        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {_projection(spec, have, extra)} FROM {source}')
 
 
 def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
@@ -92,18 +88,6 @@ def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
             con.execute(f"SET VARIABLE {k} = '{v}'")
         else:
             con.execute(f"SET VARIABLE {k} = {float(v)!r}::DOUBLE")
-
-
-_collect_at_exit_registered = False
-
-
-def _collect_at_exit() -> None:
-    # DuckDB objects caught in reference cycles (exception tracebacks, trainer callbacks)
-    # would otherwise outlive DuckDB's module at interpreter exit, which then reports them
-    # as leaks on stderr. Collect them while everything is still alive.
-    import gc
-
-    gc.collect()
 
 
 def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool | str = True) -> duckdb.DuckDBPyConnection:
@@ -116,12 +100,6 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     elif isinstance(params, dict):
         params = ViewParams().override(**params)
     as_of_parsed = parse_as_of(as_of) if not isinstance(as_of, (dict, dt.datetime)) else as_of
-    global _collect_at_exit_registered
-    if not _collect_at_exit_registered:
-        import atexit
-
-        atexit.register(_collect_at_exit)
-        _collect_at_exit_registered = True
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
     for name in S.TABLES:

@@ -27,12 +27,9 @@ def test_quickstart_fills_the_lake_and_trains_every_job(tmp_path):
     assert summary.views["episodes"] == 9
     assert summary.views["bc_rows"] > 0
     assert summary.views["grpo_groups (episode level)"] == 3
-    con = Lake.open(cfg.lake).connect()
-    try:
-        kinds = dict(con.sql("select kind, count(*) from runs group by kind").fetchall())
-        metrics = con.sql("select count(distinct run_id) from train_metrics").fetchall()[0][0]
-    finally:
-        con.close()
+    lake = Lake.open(cfg.lake)
+    kinds = {r["kind"]: r["n"] for r in lake.query_arrow("select kind, count(*) n from runs group by kind").to_pylist()}
+    metrics = lake.query_arrow("select count(distinct run_id) n from train_metrics").column("n")[0].as_py()
     trained = [j for j, r in summary.jobs.items() if r["status"] == "trained"]
     assert "bc" in trained and "grpo" in trained
     assert kinds == {"rollout": 1, "train": len(trained)}
