@@ -30,6 +30,7 @@ from halo_data import ids
 from halo_data import schema as S
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
+from halo_data.writer import Screenshot, screenshots_table
 
 log = logging.getLogger("bench_dashboard")
 
@@ -68,20 +69,7 @@ def build_bench_lake(root: str | Path, steps: int, images: int = 500, batch_step
 
     shots = [_png(rng) for _ in range(images)]
     hashes = [ids.image_hash(b) for b in shots]
-    lake.append(
-        "screenshots",
-        pa.table(
-            {
-                "hash_prefix": [h[0] for h in hashes],
-                "hash": hashes,
-                "image": pa.array(shots, pa.binary()),
-                "format": ["png"] * images,
-                "width": pa.array([320] * images, pa.int32()),
-                "height": pa.array([200] * images, pa.int32()),
-                "created_at": pa.array([t0] * images, S.TS),
-            }
-        ),
-    )
+    lake.append("screenshots", screenshots_table([Screenshot(h, b, "png", 320, 200) for h, b in zip(hashes, shots)], t0))
     lake.upsert_runs(
         [
             {"run_id": r, "kind": k, "mode": m, "env": e, "policy": "openai", "model": "qwen-bench",

@@ -1,6 +1,6 @@
 """Write one synthetic data set to both layouts in a single pass over the generator.
 
-- the lake: bulk Arrow appends of whole episodes (``steps``) and content-addressed
+- the lake: whole episodes through an EpisodeWriter flushing ~50k steps a commit, and content-addressed
   ``screenshots`` (one row per distinct image);
 - the older layout: one JSONL file per episode — an ``episode_start`` record
   (provenance such as task_seed and worker_temperature), one ``step`` record per
@@ -22,12 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 
-from halo_data import schema as S
 from halo_data.lake import Lake
-from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, generate_episodes, synthetic_run_row
-from halo_data.writer import screenshots_table
+from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, bulk_writer, generate_episodes, synthetic_run_row
 
 log = logging.getLogger(__name__)
 
@@ -118,38 +115,6 @@ def write_legacy_episode(path: Path, records: list[dict[str, Any]]) -> int:
     return len(data)
 
 
-class _LakeBulkWriter:
-    """Large commits of whole episodes: the bulk path (a rollout goes through EpisodeWriter)."""
-
-    def __init__(self, lake: Lake, batch_steps: int):
-        self.lake = lake
-        self.batch_steps = batch_steps
-        self.cols: dict[str, list] = {c: [] for c in S.STEPS.column_names}
-        self.shots: dict[str, Any] = {}
-        self.rows = 0
-
-    def add(self, ep: SyntheticEpisode) -> None:
-        last = len(ep.steps) - 1
-        for step in ep.steps:
-            row = {**step, **ep.episode, "is_last": step["step_idx"] == last, "state_hash_version": S.STATE_HASH_VERSION}
-            for c, col in self.cols.items():
-                col.append(row.get(c))
-        for s in ep.screenshots:
-            self.shots[s.hash] = s
-        self.rows += len(ep.steps)
-        if self.rows >= self.batch_steps:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.shots:
-            self.lake.append("screenshots", screenshots_table(list(self.shots.values())))
-            self.shots.clear()
-        if self.rows:
-            self.lake.append("steps", pa.Table.from_pydict(self.cols, schema=S.STEPS.schema))
-        self.cols = {c: [] for c in S.STEPS.column_names}
-        self.rows = 0
-
-
 def generate(
     spec: SyntheticSpec,
     lake_root: str | os.PathLike[str] | None,
@@ -160,7 +125,7 @@ def generate(
     """Generate ``spec`` once and write it to every layout asked for."""
     t0 = time.perf_counter()
     lake = Lake.init(str(lake_root)) if lake_root else None
-    bulk = _LakeBulkWriter(lake, batch_steps) if lake else None
+    bulk = bulk_writer(lake, spec, batch_steps) if lake else None
     dirs = [Path(d) for d in (jsonl_dir, jsonl_stripped_dir) if d]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
@@ -171,7 +136,7 @@ def generate(
     steps = episodes = shots = shot_steps = 0
     for ep in generate_episodes(spec):
         if bulk:
-            bulk.add(ep)
+            bulk.write_episode(ep.episode, ep.steps, ep.screenshots)
         if jsonl_dir or jsonl_stripped_dir:
             if ep.episode["task_id"] != current_task:
                 task_b64.clear()
@@ -188,7 +153,7 @@ def generate(
         shots += len(ep.screenshots)
         shot_steps += sum(1 for s in ep.steps if s.get("screenshot_hash"))
     if bulk:
-        bulk.flush()
+        bulk.close()
         lake.upsert_runs([synthetic_run_row(spec, "python -m bench", planned_episodes=episodes, bench="bench.generate")])
     return GenerateResult(
         steps=steps,

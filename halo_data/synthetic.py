@@ -22,13 +22,11 @@ import struct
 import zlib
 from typing import Iterator
 
-import pyarrow as pa
 
 from halo_data import ids, prompts
-from halo_data import schema as S
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
-from halo_data.writer import Screenshot, screenshots_table
+from halo_data.writer import EpisodeWriter, Screenshot
 
 SITES = {
     "gomail": ["Inbox", "Compose", "Sent", "Drafts", "Starred", "Archive", "Search mail", "Reply", "Forward"],
@@ -231,42 +229,26 @@ def generate_episodes(spec: SyntheticSpec) -> Iterator[SyntheticEpisode]:
         task_idx += 1
 
 
+def bulk_writer(lake: Lake, spec: SyntheticSpec, batch_steps: int = 50_000) -> EpisodeWriter:
+    """An EpisodeWriter committing about ``batch_steps`` steps at a time: the bulk path for generated data."""
+    mean_steps = max(1, (spec.min_steps + spec.max_steps) // 2)
+    # A fresh data set: nothing to deduplicate against, so the writer need not read the lake's hashes.
+    return EpisodeWriter(lake, flush_episodes=max(1, batch_steps // mean_steps), flush_seconds=float("inf"), known_screenshots=())
+
+
 def build_synthetic_lake(root: str, spec: SyntheticSpec, batch_steps: int = 50_000, progress: bool = False) -> Lake:
     """Write ``spec``'s episodes into a lake at ``root`` in large commits (the bulk path, not a rollout)."""
     lake = Lake.init(root)
-    cols: dict[str, list] = {c: [] for c in S.STEPS.column_names}
-    shots: dict[str, Screenshot] = {}
-    rows = 0
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=spec.n_steps, unit="step", desc="synthetic lake")
-
-    def flush() -> None:
-        nonlocal cols, rows
-        if shots:
-            lake.append("screenshots", screenshots_table(list(shots.values())))
-            shots.clear()
-        if rows:
-            lake.append("steps", pa.Table.from_pydict(cols, schema=S.STEPS.schema))
-        cols = {c: [] for c in S.STEPS.column_names}
-        rows = 0
-
-    for ep in generate_episodes(spec):
-        last = len(ep.steps) - 1
-        for step in ep.steps:
-            row = {**step, **ep.episode, "is_last": step["step_idx"] == last, "state_hash_version": S.STATE_HASH_VERSION}
-            for c, col in cols.items():
-                col.append(row.get(c))
-        for s in ep.screenshots:
-            shots[s.hash] = s
-        rows += len(ep.steps)
-        if bar:
-            bar.update(len(ep.steps))
-        if rows >= batch_steps:
-            flush()
-    flush()
+    with bulk_writer(lake, spec, batch_steps) as writer:
+        for ep in generate_episodes(spec):
+            writer.write_episode(ep.episode, ep.steps, ep.screenshots)
+            if bar:
+                bar.update(len(ep.steps))
     if bar:
         bar.close()
     lake.upsert_runs([synthetic_run_row(spec, "halo_data.synthetic.build_synthetic_lake")])

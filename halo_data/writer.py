@@ -95,7 +95,7 @@ class EpisodeWriter:
         self.lake = lake
         self.flush_episodes = max(1, int(flush_episodes))
         self.flush_seconds = float(flush_seconds)
-        self._episodes: list[str] = []
+        self._episodes: dict[str, None] = {}  # ordered, O(1) membership (bulk writers buffer thousands)
         self._columns: dict[str, list[Any]] = {c: [] for c in S.STEPS.column_names}
         self._n_rows = 0
         self._shots: dict[str, Screenshot] = {}
@@ -161,7 +161,7 @@ class EpisodeWriter:
             if self._known is not None and shot.hash in self._known:
                 continue
             self._shots.setdefault(shot.hash, shot)
-        self._episodes.append(eid)
+        self._episodes[eid] = None
         if len(self._episodes) >= self.flush_episodes or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
         return eid
