@@ -123,8 +123,8 @@ def _task_spec(task_config, version: str, name: str) -> tuple[TaskSpec, dict[str
     return spec, raw
 
 
-def list_real_tasks(task_version: str = DEFAULT_TASK_VERSION, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> list[TaskSpec]:
-    """Every task of one version of the live registry, with the default train/eval split."""
+def _task_config_for(task_version: str):
+    """agisdk's task_config module, with ``task_version`` known to it (HALO's local tasks registered on demand)."""
     task_config = _task_config_module()
     if task_version == LOCAL_TASK_VERSION:
         register_local_tasks()
@@ -132,6 +132,12 @@ def list_real_tasks(task_version: str = DEFAULT_TASK_VERSION, eval_fraction: flo
         raise RegistryError(
             f"unknown REAL task version {task_version!r}: choose one of {', '.join(sorted(task_config.VERSION_DIRS))}"
         )
+    return task_config
+
+
+def list_real_tasks(task_version: str = DEFAULT_TASK_VERSION, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> list[TaskSpec]:
+    """Every task of one version of the live registry, with the default train/eval split."""
+    task_config = _task_config_for(task_version)
     specs = [_task_spec(task_config, task_version, n)[0] for n in task_config.TASKS_BY_VERSION[task_version]]
     return assign_split(specs, eval_fraction)
 
@@ -165,13 +171,7 @@ def build_snapshot(
     task_version: str = DEFAULT_TASK_VERSION, eval_fraction: float = DEFAULT_EVAL_FRACTION, salt: str = ""
 ) -> dict[str, Any]:
     """The registry of one task version as a JSON-able snapshot (task JSONs and eval scripts included)."""
-    task_config = _task_config_module()
-    if task_version == LOCAL_TASK_VERSION:
-        register_local_tasks()
-    if task_version not in task_config.VERSION_DIRS:
-        raise RegistryError(
-            f"unknown REAL task version {task_version!r}: choose one of {', '.join(sorted(task_config.VERSION_DIRS))}"
-        )
+    task_config = _task_config_for(task_version)
     specs, configs = [], {}
     for name in task_config.TASKS_BY_VERSION[task_version]:
         spec, raw = _task_spec(task_config, task_version, name)

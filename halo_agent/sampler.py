@@ -903,34 +903,35 @@ def _run_in_workers(config: RolloutConfig, run_id: str, todo: Sequence[EpisodeSp
     remaining = len(todo)
     alive = n_workers
     fatal: list[str] = []
+
+    def handle(kind: str, worker_idx: int, payload: Any) -> None:
+        nonlocal remaining, alive
+        if kind == "episode":
+            write(payload)
+            remaining -= 1
+        elif kind == "fatal":
+            fatal.append(f"worker {worker_idx}: {payload}")
+            log.error("worker %d stopped: %s", worker_idx, payload)
+        elif kind == "exit":
+            alive -= 1
+
     try:
         while remaining > 0 and alive > 0:
             try:
-                kind, worker_idx, payload = results.get(timeout=1.0)
+                message = results.get(timeout=1.0)
             except queue.Empty:
                 if not any(p.is_alive() for p in procs):
                     break
                 continue
-            if kind == "episode":
-                write(payload)
-                remaining -= 1
-            elif kind == "fatal":
-                fatal.append(f"worker {worker_idx}: {payload}")
-                log.error("worker %d stopped: %s", worker_idx, payload)
-            elif kind == "exit":
-                alive -= 1
+            handle(*message)
         if remaining > 0:
             # drain episodes that arrived while the last workers exited
             while True:
                 try:
-                    kind, worker_idx, payload = results.get(timeout=0.5)
+                    message = results.get(timeout=0.5)
                 except queue.Empty:
                     break
-                if kind == "episode":
-                    write(payload)
-                    remaining -= 1
-                elif kind == "fatal":
-                    fatal.append(f"worker {worker_idx}: {payload}")
+                handle(*message)
         if remaining > 0:
             reason = "; ".join(fatal) or "workers exited early"
             raise RuntimeError(f"{remaining} episode(s) were not run ({reason}); re-run with --resume to complete them")

@@ -7,9 +7,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from halo_agent.envs.base import EnvError, Environment, PageState, StepOutcome, TaskSpec, UnknownTaskError
+from halo_agent.plugins import import_registered
 
 # name -> (module, class)
 ENVIRONMENTS: dict[str, tuple[str, str]] = {
@@ -24,20 +23,10 @@ class EnvironmentUnavailable(ValueError):
 
 def environment_class(name: str) -> type:
     """The environment class registered under ``name`` (imported lazily)."""
-    if name not in ENVIRONMENTS:
-        raise EnvironmentUnavailable(f"unknown environment {name!r}: choose one of {', '.join(ENVIRONMENTS)}")
-    module_name, class_name = ENVIRONMENTS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise EnvironmentUnavailable(
-                f"environment {name!r} is not available in this installation ({module_name} is missing)"
-            ) from None
-        raise EnvironmentUnavailable(f"environment {name!r} needs {e.name}: install HALO with `pip install -e .[agent]`") from None
+    module, class_name = import_registered("environment", name, ENVIRONMENTS, EnvironmentUnavailable)
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise EnvironmentUnavailable(f"{module_name} defines no {class_name}")
+        raise EnvironmentUnavailable(f"{module.__name__} defines no {class_name}")
     return cls
 
 

@@ -9,10 +9,10 @@ named here; either is called with keyword options ``model``, ``adapter``,
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
+from halo_agent.plugins import import_registered
 from halo_agent.types import Policy
 
 # name -> (module, class)
@@ -28,18 +28,10 @@ class PolicyUnavailable(ValueError):
 
 
 def _factory(name: str):
-    if name not in POLICIES:
-        raise PolicyUnavailable(f"unknown policy {name!r}: choose one of {', '.join(POLICIES)}")
-    module_name, class_name = POLICIES[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise PolicyUnavailable(f"policy {name!r} is not available in this installation ({module_name} is missing)") from None
-        raise PolicyUnavailable(f"policy {name!r} needs the package {e.name!r}: install HALO with `pip install -e .[agent]`") from None
+    module, class_name = import_registered("policy", name, POLICIES, PolicyUnavailable)
     factory = getattr(module, "make_policy", None) or getattr(module, class_name, None)
     if factory is None:
-        raise PolicyUnavailable(f"{module_name} defines neither make_policy nor {class_name}")
+        raise PolicyUnavailable(f"{module.__name__} defines neither make_policy nor {class_name}")
     return factory
 
 
