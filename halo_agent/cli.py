@@ -96,13 +96,13 @@ def tasks(env_name: str, task_version: str | None, split: str, subset: str | Non
         specs = [t for t in specs if t.split == split]
     if subset:
         specs = select_subset(env_name, subset, specs)
-    if snapshot and env_name == "real" and not subset and split == "all":
-        # The full REAL snapshot carries every task's JSON and eval script, so a rollout
-        # with --task-registry runs exactly what was snapshotted.
+    if snapshot and env_name == "real":
+        # A REAL snapshot carries its tasks' JSONs and eval scripts, so a rollout with
+        # --task-registry runs exactly what was snapshotted.
         from halo_agent.registry import DEFAULT_TASK_VERSION, write_snapshot
 
-        written = write_snapshot(snapshot, task_version or DEFAULT_TASK_VERSION)
-        click.echo(f"wrote {len(written.get('tasks', []))} tasks to {snapshot}", err=True)
+        written = write_snapshot(snapshot, task_version or DEFAULT_TASK_VERSION, task_ids=[t.task_id for t in specs])
+        click.echo(f"wrote {written['n_tasks']} tasks to {snapshot}", err=True)
         return
     if snapshot:
         payload = {

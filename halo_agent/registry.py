@@ -28,7 +28,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from halo_agent.envs.base import TaskSpec, UnknownTaskError
 from halo_agent.sites import LOCAL_TASK_VERSION, SITES_DIR
@@ -168,16 +168,23 @@ def assign_split(tasks: list[TaskSpec], eval_fraction: float = DEFAULT_EVAL_FRAC
 
 
 def build_snapshot(
-    task_version: str = DEFAULT_TASK_VERSION, eval_fraction: float = DEFAULT_EVAL_FRACTION, salt: str = ""
+    task_version: str = DEFAULT_TASK_VERSION,
+    eval_fraction: float = DEFAULT_EVAL_FRACTION,
+    salt: str = "",
+    task_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """The registry of one task version as a JSON-able snapshot (task JSONs and eval scripts included)."""
+    """The registry of one task version (or of ``task_ids`` in it) as a JSON-able snapshot, task JSONs and eval scripts included."""
     task_config = _task_config_for(task_version)
     specs, configs = [], {}
     for name in task_config.TASKS_BY_VERSION[task_version]:
         spec, raw = _task_spec(task_config, task_version, name)
         specs.append(spec)
         configs[spec.task_id] = raw
+    # The split is assigned over the whole version, so a snapshot of some tasks splits them as the full one does.
     specs = assign_split(specs, eval_fraction, salt)
+    if task_ids is not None:
+        wanted = set(task_ids)
+        specs = [spec for spec in specs if spec.task_id in wanted]
     scripts_dir = Path(task_config.VERSION_DIRS[task_version]) / "eval_scripts"
     scripts: dict[str, str] = {}
     for spec in specs:
@@ -207,9 +214,10 @@ def write_snapshot(
     task_version: str = DEFAULT_TASK_VERSION,
     eval_fraction: float = DEFAULT_EVAL_FRACTION,
     salt: str = "",
+    task_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Write the registry snapshot of ``task_version`` to ``path`` (JSON); returns it."""
-    snapshot = build_snapshot(task_version, eval_fraction, salt)
+    """Write the registry snapshot of ``task_version`` (or of ``task_ids`` in it) to ``path`` (JSON); returns it."""
+    snapshot = build_snapshot(task_version, eval_fraction, salt, task_ids)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -39,24 +39,19 @@ class TableSpec:
     def schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.type, nullable=True) for c in self.columns])
 
+    @functools.cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
     @property
     def column_names(self) -> list[str]:
         return list(self._names)
-
-    @property
-    def _names(self) -> tuple[str, ...]:
-        return _column_names(self.columns)
 
     def column(self, name: str) -> Column:
         for c in self.columns:
             if c.name == name:
                 return c
         raise KeyError(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _column_names(columns: tuple[Column, ...]) -> tuple[str, ...]:
-    return tuple(c.name for c in columns)
 
 
 def C(name: str, type_: pa.DataType, doc: str) -> Column:
