@@ -28,10 +28,9 @@ from halo_agent.envs.base import (
     EnvError,
     PageState,
     StepOutcome,
+    ActionRunner,
     TaskSpec,
     UnknownTaskError,
-    action_set,
-    execute_action,
     extract_page_state,
 )
 
@@ -92,6 +91,14 @@ _HIDE_HUMAN_DISPLAY_JS = r"""() => {
   hide();
 }"""
 
+# BrowserGym's seeding, then the episode's start; answers whether the task is ready at once.
+_START_EPISODE_JS = r"""([seed, maxTime]) => {
+  Math.seedrandom(seed);
+  core.EPISODE_MAX_TIME = maxTime;
+  core.startEpisodeReal();
+  return WOB_TASK_READY;
+}"""
+
 _READ_GLOBALS_JS = r"""() => ({
   reward: WOB_REWARD_GLOBAL,
   raw_reward: WOB_RAW_REWARD_GLOBAL,
@@ -149,11 +156,9 @@ class MiniWoBTask(AbstractBrowserTask):
         if self.remove_human_display:
             page.evaluate(_HIDE_HUMAN_DISPLAY_JS)
         # BrowserGym's seeding: the task's RandomState picks the seedrandom seed.
-        page.evaluate(
-            "([seed, maxTime]) => { Math.seedrandom(seed); core.EPISODE_MAX_TIME = maxTime; core.startEpisodeReal(); }",
-            [int(self.random.randint(0, 1000000)), self.episode_max_time],
-        )
-        page.wait_for_function("() => WOB_TASK_READY")
+        ready = page.evaluate(_START_EPISODE_JS, [int(self.random.randint(0, 1000000)), self.episode_max_time])
+        if not ready:  # a few tasks build their problem asynchronously
+            page.wait_for_function("() => WOB_TASK_READY", polling=10)
         return self._goal(), self._info()
 
     def teardown(self) -> None:
@@ -228,10 +233,11 @@ class MiniWoBEnv:
         self.screenshots = screenshots
         self.base_dir = base_dir
         self.isolation = isolation
-        self.actions = action_set()
+        self.actions = ActionRunner()
         self.task: MiniWoBTask | None = None
         self.page = None
         self.goal = ""
+        self.state: PageState | None = None  # the latest observation
         self._broken = False
         self._episodes_in_context = 0
 
@@ -282,6 +288,7 @@ class MiniWoBEnv:
                 self._broken = False
                 self._episodes_in_context = 0
             self._episodes_in_context += 1
+            self.state = None
             self.task = MiniWoBTask(seed=int(task_seed), subdomain=subdomain, base_dir=self.base_dir)
             self.goal, _ = self.task.setup(self.page)
             return self._observe()
@@ -290,14 +297,16 @@ class MiniWoBEnv:
             raise EnvError(f"reset of {task.task_id} failed: {_first_line(e)}") from e
 
     def _observe(self) -> PageState:
-        return extract_page_state(self.page, self.goal, screenshot=self.screenshots)
+        self.state = extract_page_state(self.page, self.goal, screenshot=self.screenshots)
+        return self.state
 
     def step(self, action: str) -> StepOutcome:
         from playwright.sync_api import Error as PlaywrightError
 
         if self.task is None or self.page is None:
             raise EnvError("step() before reset()")
-        action_error, messages = execute_action(self.page, action, self.actions)
+        boxes = self.state.extra.get("element_bboxes") if self.state is not None else None
+        action_error, messages = self.actions.run(self.page, action, boxes)
         if action_error and ("crash" in action_error.lower() or "closed" in action_error.lower()):
             self._broken = True
             raise EnvError(f"the browser failed during {action!r}: {action_error}")
