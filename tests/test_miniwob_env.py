@@ -141,3 +141,44 @@ def test_stock_agisdk_browser_env_runs_the_task():
         assert info["task_info"]["raw_reward"] == 1.0
     finally:
         bgym_env.close()
+
+
+def test_next_attempt_restarts_in_place_into_the_freshly_loaded_page():
+    """isolation=episode (the default): MiniWoB++'s own reset for verified tasks, the same page as a load."""
+    from halo_agent.envs.miniwob import MiniWoBEnv, restartable_tasks
+
+    assert {"click-button", "enter-text", "choose-list"} <= restartable_tasks()
+    restarting, loading = MiniWoBEnv(), MiniWoBEnv(isolation="document")
+    try:
+        for e in (restarting, loading):
+            first = e.reset(_spec("enter-text"), task_seed=4)
+            e.step(f"fill('{first.elements[0].bid}', 'something else')")
+        again = restarting.reset(_spec("enter-text"), task_seed=4)
+        loaded = loading.reset(_spec("enter-text"), task_seed=4)
+        assert (restarting.restarts, loading.restarts) == (1, 0)
+        assert (again.goal, again.axtree, again.screenshot) == (first.goal, first.axtree, first.screenshot)
+        assert (loaded.goal, loaded.axtree, loaded.screenshot) == (first.goal, first.axtree, first.screenshot)
+        # MiniWoB's own reward still judges a restarted episode
+        wanted = re.search(r'"(.+)"', again.goal).group(1)
+        restarting.step(f"fill('{again.elements[0].bid}', '{wanted}')")
+        submit = next(el for el in restarting.state.elements if el.role == "button")
+        out = restarting.step(f"click('{submit.bid}')")
+        assert (out.reward, out.terminated) == (1.0, True)
+        # another task, or a task that is not verified, loads its page
+        restarting.reset(_spec("click-button"), task_seed=4)
+        restarting.reset(_spec("focus-text-2"), task_seed=4)
+        restarting.reset(_spec("focus-text-2"), task_seed=4)
+        assert restarting.restarts == 1
+    finally:
+        restarting.close()
+        loading.close()
+
+
+def test_restart_verification_catches_a_task_that_keeps_state():
+    """focus-text-2's inputs are static HTML its problem generator never clears."""
+    from halo_agent.envs.miniwob import restartable_tasks, verify_restart
+
+    results = verify_restart(["focus-text-2", "click-link"], seeds=(3,), steps=6)
+    assert results["click-link"] is None
+    assert results["focus-text-2"] and "AXTree" in results["focus-text-2"]
+    assert "focus-text-2" not in restartable_tasks()

@@ -52,7 +52,14 @@ NONDETERMINISTIC_TASKS = frozenset(
 #   document: one page per worker, a fresh document per episode (the task's HTML loaded again).
 #             MiniWoB's file:// tasks keep no cookies or storage, so only the tab's history
 #             carries over; measured several times faster per reset on a loaded 2-core machine.
-ISOLATION_LEVELS = ("context", "document")
+#   episode:  as document, except that the next episode of the same task starts in the document
+#             that holds it, the way MiniWoB++'s own environment resets (``core.startEpisodeReal``
+#             with a new seed, no reload), for the tasks verified to restart into exactly the
+#             page a fresh load gives (``restartable_tasks``). Loading a task's page costs
+#             ~130 ms of CPU across Chromium's processes; a restart costs a few ms.
+ISOLATION_LEVELS = ("context", "document", "episode")
+DEFAULT_ISOLATION = "episode"
+RESTART_FILE = Path(__file__).resolve().parent.parent / "configs" / "miniwob_restart.json"
 # With document isolation, a fresh context now and then bounds what a long run accumulates.
 CONTEXT_RECYCLE_EPISODES = 100
 
@@ -93,6 +100,23 @@ _HIDE_HUMAN_DISPLAY_JS = r"""() => {
 
 # BrowserGym's seeding, then the episode's start; answers whether the task is ready at once.
 _START_EPISODE_JS = r"""([seed, maxTime]) => {
+  Math.seedrandom(seed);
+  core.EPISODE_MAX_TIME = maxTime;
+  core.startEpisodeReal();
+  return WOB_TASK_READY;
+}"""
+
+# MiniWoB++'s own reset in a document that already holds the task: drop BrowserGym's marks
+# (so element ids are handed out from 0 again, as on a fresh load), blur, seed, start.
+_RESTART_EPISODE_JS = r"""([attr, seed, maxTime]) => {
+  for (const el of document.querySelectorAll('*')) {
+    el.removeAttribute(attr);
+    el.removeAttribute('browsergym_visibility_ratio');
+    el.removeAttribute('browsergym_set_of_marks');
+  }
+  delete window.browsergym_elem_counter;
+  delete window.browsergym_frame_id_generator;
+  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
   Math.seedrandom(seed);
   core.EPISODE_MAX_TIME = maxTime;
   core.startEpisodeReal();
@@ -157,8 +181,26 @@ class MiniWoBTask(AbstractBrowserTask):
             page.evaluate(_HIDE_HUMAN_DISPLAY_JS)
         # BrowserGym's seeding: the task's RandomState picks the seedrandom seed.
         ready = page.evaluate(_START_EPISODE_JS, [int(self.random.randint(0, 1000000)), self.episode_max_time])
+        return self._started(ready)
+
+    def restart(self, page) -> tuple[str, dict]:
+        """A new episode in the document that already holds this task (MiniWoB++'s own reset).
+
+        The same seed gives the same instance as ``setup`` only for tasks whose problem
+        generator rebuilds all of their state: see ``restartable_tasks``.
+        """
+        from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+
+        self.page = page
+        page.mouse.move(0, 0)  # no hover left on the previous episode's last target
+        ready = page.evaluate(
+            _RESTART_EPISODE_JS, [BROWSERGYM_ID_ATTRIBUTE, int(self.random.randint(0, 1000000)), self.episode_max_time]
+        )
+        return self._started(ready)
+
+    def _started(self, ready: bool) -> tuple[str, dict]:
         if not ready:  # a few tasks build their problem asynchronously
-            page.wait_for_function("() => WOB_TASK_READY", polling=10)
+            self.page.wait_for_function("() => WOB_TASK_READY", polling=10)
         return self._goal(), self._info()
 
     def teardown(self) -> None:
@@ -205,6 +247,33 @@ def register_tasks() -> None:
 register_tasks()
 
 
+@lru_cache(maxsize=1)
+def restartable_tasks() -> frozenset[str]:
+    """Tasks whose in-document restart was verified to give exactly a fresh load's page.
+
+    Read from ``configs/miniwob_restart.json``, written by
+    ``python -m halo_agent.envs.miniwob verify-restart --write`` for one version of the
+    ``miniwob`` package; under any other version no task restarts in place.
+    """
+    import importlib.metadata
+    import json
+
+    try:
+        data = json.loads(RESTART_FILE.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("no verified MiniWoB restart list (%s): every episode loads its page", e)
+        return frozenset()
+    installed = importlib.metadata.version("miniwob")
+    if data.get("miniwob_version") != installed:
+        log.warning(
+            "the MiniWoB restart list was verified with miniwob %s, not %s: every episode loads its page "
+            "(re-verify with `python -m halo_agent.envs.miniwob verify-restart --write`)",
+            data.get("miniwob_version"), installed,
+        )
+        return frozenset()
+    return frozenset(data.get("tasks", ()))
+
+
 def subdomain_of(task_id: str) -> str:
     name = task_id[len(TASK_PREFIX) :] if task_id.startswith(TASK_PREFIX) else task_id
     if name not in task_names():
@@ -224,7 +293,7 @@ class MiniWoBEnv:
         headless: bool = True,
         screenshots: bool = True,
         base_dir: str | None = None,
-        isolation: str = "document",
+        isolation: str = DEFAULT_ISOLATION,
         **_: Any,
     ):
         if isolation not in ISOLATION_LEVELS:
@@ -240,6 +309,7 @@ class MiniWoBEnv:
         self.state: PageState | None = None  # the latest observation
         self._broken = False
         self._episodes_in_context = 0
+        self.restarts = 0  # episodes started in place (isolation=episode)
 
     @classmethod
     def list_tasks(cls, **_: Any) -> list[TaskSpec]:
@@ -287,14 +357,29 @@ class MiniWoBEnv:
                 self.page = self.session.new_page(VIEWPORT, timeout_ms=5000)
                 self._broken = False
                 self._episodes_in_context = 0
-            self._episodes_in_context += 1
-            self.state = None
-            self.task = MiniWoBTask(seed=int(task_seed), subdomain=subdomain, base_dir=self.base_dir)
-            self.goal, _ = self.task.setup(self.page)
+            restart = (
+                self.isolation == "episode"
+                and not fresh_context
+                and self.task is not None
+                and self.task.subdomain == subdomain
+                and subdomain in restartable_tasks()
+                and self.page.url == self.task.url
+            )
+            self._start(subdomain, int(task_seed), restart)
             return self._observe()
         except (PlaywrightError, EnvError) as e:
             self._broken = True
             raise EnvError(f"reset of {task.task_id} failed: {_first_line(e)}") from e
+
+    def _start(self, subdomain: str, task_seed: int, restart: bool) -> None:
+        self._episodes_in_context += 1
+        self.state = None
+        self.task = MiniWoBTask(seed=task_seed, subdomain=subdomain, base_dir=self.base_dir)
+        if restart:
+            self.goal, _ = self.task.restart(self.page)
+            self.restarts += 1
+        else:
+            self.goal, _ = self.task.setup(self.page)
 
     def _observe(self) -> PageState:
         self.state = extract_page_state(self.page, self.goal, screenshot=self.screenshots)
@@ -336,3 +421,120 @@ class MiniWoBEnv:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+# ------------------------------------------------------------------ verifying in-document restarts
+
+
+def _difference(fresh: PageState, again: PageState) -> str | None:
+    """What differs between two observations of what should be the same instance, or None."""
+    if fresh.goal != again.goal:
+        return "goal"
+    if fresh.axtree != again.axtree:
+        import difflib
+
+        changed = [line for line in difflib.unified_diff(fresh.axtree.splitlines(), again.axtree.splitlines(), lineterm="", n=0)
+                   if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        return "AXTree: " + " | ".join(s.strip() for s in changed[:4])
+    if fresh.screenshot != again.screenshot:
+        return "pixels"
+    return None
+
+
+def verify_restart(names: list[str], seeds: tuple[int, ...] = (3, 17, 42), steps: int = 6, policy_seed: int = 0) -> dict[str, str | None]:
+    """Whether restarting each task in place gives exactly the page a fresh load gives.
+
+    For each seed: load the task's page with that seed and observe it; take up to ``steps``
+    random actions (the random policy's choices) and restart in place with the same seed;
+    then restart with another seed, take random actions again, and restart with the first
+    seed. A task passes when both restarts show exactly the freshly loaded page: the same
+    goal, AXTree text and screenshot bytes, for every seed. Returns task -> None (passes)
+    or what differed.
+    """
+    import random
+
+    from halo_agent.policies.random_policy import action_for
+
+    rng = random.Random(policy_seed)
+    env = MiniWoBEnv(isolation="document")
+
+    def play() -> None:
+        page = env._observe()
+        for _ in range(steps):
+            if not page.elements:
+                return
+            outcome = env.step(action_for(rng.choice(list(page.elements)), rng))
+            if outcome.terminated:
+                return
+            page = outcome.page
+
+    results: dict[str, str | None] = {}
+    try:
+        for name in names:
+            spec = MiniWoBEnv.task_spec(name)
+            why = None
+            for seed in seeds:
+                try:
+                    fresh = env.reset(spec, seed)  # document isolation: the page is loaded
+                    for other in (seed, seed + 7919):
+                        if other != seed:
+                            env._start(name, other, restart=True)
+                        play()
+                        env._start(name, seed, restart=True)
+                        why = _difference(fresh, env._observe())
+                        if why:
+                            why = f"seed {seed}, after an episode of seed {other}: {why}"
+                            break
+                except Exception as e:  # a task that cannot restart cleanly does not pass
+                    why = f"seed {seed}: {type(e).__name__}: {_first_line(e)}"
+                    env._broken = True
+                if why:
+                    break
+            results[name] = why
+            log.info("%s: %s", name, why or "restarts exactly")
+    finally:
+        env.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m halo_agent.envs.miniwob verify-restart [--write] [--tasks a,b] [--seeds 3,17] [--steps 6]``"""
+    import argparse
+    import importlib.metadata
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m halo_agent.envs.miniwob")
+    sub = parser.add_subparsers(dest="command", required=True)
+    verify = sub.add_parser("verify-restart", help="check which tasks restart in place into exactly a fresh load's page")
+    verify.add_argument("--tasks", help="comma-separated task names (default: every deterministic task)")
+    verify.add_argument("--seeds", default="3,17,42", help="task seeds to compare (default: 3,17,42)")
+    verify.add_argument("--steps", type=int, default=6, help="random actions taken between restarts (default: 6)")
+    verify.add_argument("--write", action="store_true", help=f"write the passing tasks to {RESTART_FILE.name}")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    names = [subdomain_of(t.strip()) for t in args.tasks.split(",")] if args.tasks else [
+        n for n in task_names() if n not in NONDETERMINISTIC_TASKS
+    ]
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    results = verify_restart(names, seeds=seeds, steps=args.steps)
+    passing = sorted(n for n, why in results.items() if why is None)
+    print(f"{len(passing)}/{len(results)} tasks restart in place exactly")
+    for name, why in sorted(results.items()):
+        if why:
+            print(f"  {name}: {why}")
+    if args.write:
+        RESTART_FILE.write_text(json.dumps({
+            "miniwob_version": importlib.metadata.version("miniwob"),
+            "seeds": list(seeds),
+            "steps": args.steps,
+            "tasks": passing,
+        }, indent=1) + "\n")
+        print(f"wrote {RESTART_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
