@@ -62,9 +62,9 @@ def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, m
                       epoch(any_value(ended_at)) - epoch(any_value(started_at)) as seconds,
                       any_value(started_at) as started_at, any_value(ended_at) as ended_at
                from steps where run_id = $r group by episode_id)
-           select sum(n) as steps, count(*) as episodes,
+           select sum(n)::bigint as steps, count(*) as episodes,
                   epoch(max(ended_at)) - epoch(min(started_at)) as span,
-                  sum(n) filter (where n >= $m) as long_steps,
+                  (sum(n) filter (where n >= $m))::bigint as long_steps,
                   count(*) filter (where n >= $m) as long_episodes,
                   sum(seconds) filter (where n >= $m) as long_seconds
            from e""",

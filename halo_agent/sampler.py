@@ -587,7 +587,7 @@ def _make_policy(config: RolloutConfig) -> Policy:
     )
 
 
-def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, tasks: "mp.Queue", results: "mp.Queue") -> None:
+def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, inbox: "mp.Queue", results: "mp.Queue") -> None:
     """A spawned worker: its own browser and policy; episodes in, finished records out."""
     # Ctrl-C is the parent's to handle: it writes what finished and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -601,11 +601,12 @@ def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, tasks: "mp
         env = _make_env(config)
         policy = _make_policy(config)
         runner = EpisodeRunner(config, run_id, env, policy, RewardConfig.load(config.reward_config))
+        results.put(("ready", worker_idx, None))
         while True:
             if parent is not None and not parent.is_alive():
                 return  # the parent is gone (killed): nothing would write our episodes
             try:
-                spec = tasks.get(timeout=1.0)
+                spec = inbox.get(timeout=1.0)
             except queue.Empty:
                 continue
             if spec is None:
@@ -621,6 +622,126 @@ def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, tasks: "mp
                 except Exception:
                     pass
         results.put(("exit", worker_idx, None))
+
+
+class TaskStickyDispatch:
+    """Hands out episodes so that a worker runs the attempts of one task back to back.
+
+    The next attempt of the task a worker's page holds is the cheapest episode it can run
+    (MiniWoB restarts it in place); a worker that has finished its task's attempts takes the
+    next task no other worker holds, and only when none is left joins the task with the most
+    attempts remaining.
+    """
+
+    def __init__(self, todo: Sequence[EpisodeSpec]):
+        self.pending: dict[str, list[EpisodeSpec]] = {}
+        for spec in todo:
+            self.pending.setdefault(spec.task.task_id, []).append(spec)
+        for specs in self.pending.values():
+            specs.reverse()  # pop() from the end gives plan order
+        self.holds: dict[int, str] = {}
+        self.assigned: dict[int, dict[str, EpisodeSpec]] = {}  # worker -> episodes sent, not yet back
+
+    def done(self, worker_idx: int, episode_id: str) -> None:
+        self.assigned.get(worker_idx, {}).pop(episode_id, None)
+
+    def give_back(self, worker_idx: int) -> None:
+        """A worker stopped: the episodes it was sent and did not finish go to the others."""
+        for spec in self.assigned.pop(worker_idx, {}).values():
+            self.pending.setdefault(spec.task.task_id, []).append(spec)
+        self.holds.pop(worker_idx, None)
+
+    def next_for(self, worker_idx: int) -> EpisodeSpec | None:
+        spec = self._pick(worker_idx)
+        if spec is not None:
+            self.assigned.setdefault(worker_idx, {})[spec.episode_id] = spec
+        return spec
+
+    def _pick(self, worker_idx: int) -> EpisodeSpec | None:
+        task_id = self.holds.get(worker_idx)
+        if not self.pending.get(task_id or ""):
+            held = set(self.holds.values())
+            free = [t for t, specs in self.pending.items() if specs and t not in held]
+            if free:
+                task_id = free[0]
+            else:
+                busy = [t for t, specs in self.pending.items() if specs]
+                if not busy:
+                    return None
+                task_id = max(busy, key=lambda t: len(self.pending[t]))
+        self.holds[worker_idx] = task_id
+        return self.pending[task_id].pop()
+
+
+def _run_in_workers(config: RolloutConfig, run_id: str, todo: Sequence[EpisodeSpec], write: Callable[[EpisodeResult], None]) -> None:
+    ctx = mp.get_context("spawn")  # never fork: delta-rs and Playwright do not survive it
+    results: mp.Queue = ctx.Queue()
+    n_workers = min(int(config.workers), len(todo))
+    inboxes: list[mp.Queue] = [ctx.Queue() for _ in range(n_workers)]
+    dispatch = TaskStickyDispatch(todo)
+    procs = [
+        ctx.Process(target=_worker_main, args=(config, run_id, i, inboxes[i], results), name=f"halo-worker-{i}", daemon=True)
+        for i in range(n_workers)
+    ]
+    for p in procs:
+        p.start()
+    remaining = len(todo)
+    alive = n_workers
+    fatal: list[str] = []
+
+    def send_next(worker_idx: int) -> None:
+        inboxes[worker_idx].put(dispatch.next_for(worker_idx))  # None: no more work, the worker exits
+
+    def handle(kind: str, worker_idx: int, payload: Any) -> None:
+        nonlocal remaining, alive
+        if kind == "ready":
+            # two episodes queued per worker, so it never waits for this process's lake writes
+            send_next(worker_idx)
+            send_next(worker_idx)
+        elif kind == "episode":
+            dispatch.done(worker_idx, payload.episode["episode_id"])
+            send_next(worker_idx)
+            write(payload)
+            remaining -= 1
+        elif kind == "fatal":
+            fatal.append(f"worker {worker_idx}: {payload}")
+            log.error("worker %d stopped: %s", worker_idx, payload)
+            dispatch.give_back(worker_idx)
+        elif kind == "exit":
+            alive -= 1
+            dispatch.give_back(worker_idx)
+
+    try:
+        while remaining > 0 and alive > 0:
+            try:
+                message = results.get(timeout=1.0)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            handle(*message)
+        if remaining > 0:
+            # drain episodes that arrived while the last workers exited
+            while True:
+                try:
+                    message = results.get(timeout=0.5)
+                except queue.Empty:
+                    break
+                handle(*message)
+        if remaining > 0:
+            reason = "; ".join(fatal) or "workers exited early"
+            raise RuntimeError(f"{remaining} episode(s) were not run ({reason}); re-run with --resume to complete them")
+    finally:
+        for p in procs:
+            p.join(timeout=5 if remaining == 0 else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        # Undelivered episode specs (after an interrupt) must not keep this process alive at exit.
+        for q in (*inboxes, results):
+            q.cancel_join_thread()
+            q.close()
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -884,69 +1005,6 @@ def _run_in_process(config: RolloutConfig, run_id: str, todo: Sequence[EpisodeSp
             except Exception as e:
                 log.debug("closing %s failed: %s", thing, e)
 
-
-def _run_in_workers(config: RolloutConfig, run_id: str, todo: Sequence[EpisodeSpec], write: Callable[[EpisodeResult], None]) -> None:
-    ctx = mp.get_context("spawn")  # never fork: delta-rs and Playwright do not survive it
-    tasks: mp.Queue = ctx.Queue()
-    results: mp.Queue = ctx.Queue()
-    n_workers = min(int(config.workers), len(todo))
-    for spec in todo:
-        tasks.put(spec)
-    for _ in range(n_workers):
-        tasks.put(None)
-    procs = [
-        ctx.Process(target=_worker_main, args=(config, run_id, i, tasks, results), name=f"halo-worker-{i}", daemon=True)
-        for i in range(n_workers)
-    ]
-    for p in procs:
-        p.start()
-    remaining = len(todo)
-    alive = n_workers
-    fatal: list[str] = []
-
-    def handle(kind: str, worker_idx: int, payload: Any) -> None:
-        nonlocal remaining, alive
-        if kind == "episode":
-            write(payload)
-            remaining -= 1
-        elif kind == "fatal":
-            fatal.append(f"worker {worker_idx}: {payload}")
-            log.error("worker %d stopped: %s", worker_idx, payload)
-        elif kind == "exit":
-            alive -= 1
-
-    try:
-        while remaining > 0 and alive > 0:
-            try:
-                message = results.get(timeout=1.0)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs):
-                    break
-                continue
-            handle(*message)
-        if remaining > 0:
-            # drain episodes that arrived while the last workers exited
-            while True:
-                try:
-                    message = results.get(timeout=0.5)
-                except queue.Empty:
-                    break
-                handle(*message)
-        if remaining > 0:
-            reason = "; ".join(fatal) or "workers exited early"
-            raise RuntimeError(f"{remaining} episode(s) were not run ({reason}); re-run with --resume to complete them")
-    finally:
-        for p in procs:
-            p.join(timeout=5 if remaining == 0 else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-        # Undelivered episode specs (after an interrupt) must not keep this process alive at exit.
-        tasks.cancel_join_thread()
-        results.cancel_join_thread()
-        tasks.close()
-        results.close()
 
 
 # ------------------------------------------------------------------------------------------ modes, eval, exploration

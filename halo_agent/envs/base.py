@@ -218,13 +218,22 @@ class _PageDevTools:
 
         if self._session is not None:
             try:
-                return self._session.send(method, params)
+                return self._send(method, params)
             except PlaywrightError as e:
                 if self.page.is_closed() or "detached" not in str(e).lower() and "closed" not in str(e).lower():
                     raise
                 self._session = None  # the target went away under the session (e.g. a process swap)
         self._session = self.page.context.new_cdp_session(self.page)
-        return self._session.send(method, params)
+        return self._send(method, params)
+
+    def _send(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+        # Playwright's sync CDPSession.send walks every value of the answer looking for its own
+        # objects to wrap (a DOM snapshot or AXTree is tens of thousands of values, ~10% of a
+        # MiniWoB step); DevTools answers are plain JSON, so the wrapped call is awaited directly.
+        impl, run = getattr(self._session, "_impl_obj", None), getattr(self._session, "_sync", None)
+        if impl is None or run is None:
+            return self._session.send(method, params)
+        return run(impl.send(method=method, params=params, timeout=None))
 
     def detach(self) -> None:
         """Kept open for the next observation (BrowserGym's functions call this when done)."""
@@ -314,7 +323,7 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
     for _ in range(3):
         try:
             mark_elements(page, tags_to_mark)
-            dom = extract_dom_snapshot(devtools(page))
+            dom = extract_dom_snapshot(devtools(page), include_paint_order=False)
             axtree = extract_merged_axtree(devtools(page))
             focused = page.evaluate(_FOCUSED_BID_JS, BROWSERGYM_ID_ATTRIBUTE)
             extra_properties = extract_dom_extra_properties(dom)
