@@ -79,6 +79,7 @@ class RolloutConfig:
     task_seed: int | None = dataclasses.field(default=None, metadata={"help": "Seed of the task instances (default: --seed); all attempts of a task share it."})
     max_steps: int | None = dataclasses.field(default=None, metadata={"help": "Steps per episode (default: 10 for miniwob, 70 for real)."})
     workers: int = dataclasses.field(default=1, metadata={"help": "Parallel worker processes, each with its own browser."})
+    pin_workers: bool = dataclasses.field(default=True, metadata={"help": "Keep each worker process, and the browser it starts, on one CPU (round robin over the CPUs this process may use)."})
     lake: str = dataclasses.field(default="lake", metadata={"help": "Lake root (created if missing)."})
     run_id: str | None = dataclasses.field(default=None, metadata={"help": "Run id (default: <kind>-<env>-<UTC time>)."})
     resume: bool = dataclasses.field(default=False, metadata={"help": "Complete the missing episodes of an existing run."})
@@ -587,6 +588,25 @@ def _make_policy(config: RolloutConfig) -> Policy:
     )
 
 
+def pin_to_cpu(worker_idx: int) -> int | None:
+    """Keep this process, and every process it starts from now on (Playwright's driver, Chromium), on one CPU.
+
+    A browser worker is a chain of processes (Python, Playwright's driver, Chromium's browser,
+    renderer and GPU processes) that hand each step to one another; with every worker's chain
+    on its own CPU they stop preempting each other. Measured on 2 cores with 2 workers:
+    1.55-1.7x the throughput of one worker, against 1.45-1.55x unpinned (``bench/rollout.py``).
+    Returns the CPU, or None where affinity cannot be set.
+    """
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        cpu = cpus[worker_idx % len(cpus)]
+        os.sched_setaffinity(0, {cpu})
+        return cpu
+    except (AttributeError, OSError) as e:  # not Linux, or not permitted
+        log.debug("could not pin worker %d: %s", worker_idx, e)
+        return None
+
+
 def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, inbox: "mp.Queue", results: "mp.Queue") -> None:
     """A spawned worker: its own browser and policy; episodes in, finished records out."""
     # Ctrl-C is the parent's to handle: it writes what finished and stops the workers.
@@ -595,6 +615,8 @@ def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, inbox: "mp
     from halo_agent.browser import ensure_environment
 
     ensure_environment()
+    if config.pin_workers:
+        pin_to_cpu(worker_idx)
     parent = mp.parent_process()
     env = policy = None
     try:

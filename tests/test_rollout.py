@@ -120,9 +120,10 @@ def test_same_seeds_same_actions_with_two_workers(rollout_lake, tmp_path):
     assert (summary.status, summary.episodes_written, summary.workers) == ("finished", 8, 2)
 
     def actions(run_id):
-        rows = _rows(lake, "select task_id, attempt_idx, list(action order by step_idx) as actions from steps "
+        rows = _rows(lake, "select task_id, attempt_idx, list(action order by step_idx) as actions, "
+                           "list(state_hash order by step_idx) as states from steps "
                            "where run_id = $r group by all order by all", r=run_id)
-        return [(r["task_id"], r["attempt_idx"], r["actions"]) for r in rows]
+        return [(r["task_id"], r["attempt_idx"], r["actions"], r["states"]) for r in rows]
 
     assert actions("r-two") == actions("r-one")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import json
 import logging
 import weakref
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
@@ -203,40 +204,86 @@ class _PageDevTools:
     functions open four per observation. They are handed this object as their ``page``:
     ``page.context.new_cdp_session(page)`` returns it and its ``detach()`` keeps the session,
     which is all those functions use of a page.
+
+    Requests go through the session's underlying asynchronous call (Playwright's
+    ``_impl_obj``, run by the sync wrapper's ``_sync``) where it exists: the public sync
+    ``send`` walks every value of an answer looking for Playwright objects to wrap, and a
+    DOM snapshot or AXTree is tens of thousands of plain JSON values (~10% of a MiniWoB
+    step). The same access lets ``send_ahead`` have several requests in flight at once.
     """
 
     def __init__(self, page) -> None:
         self.page = page
         self.context = self
         self._session = None
+        self._ahead: dict[str, Any] = {}  # answers of requests sent ahead, by request
+        self.main_frame_id: str | None = None  # from the last Page.getFrameTree
 
     def new_cdp_session(self, _page) -> "_PageDevTools":
         return self
 
-    def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        from playwright.sync_api import Error as PlaywrightError
-
-        if self._session is not None:
-            try:
-                return self._send(method, params)
-            except PlaywrightError as e:
-                if self.page.is_closed() or "detached" not in str(e).lower() and "closed" not in str(e).lower():
-                    raise
-                self._session = None  # the target went away under the session (e.g. a process swap)
-        self._session = self.page.context.new_cdp_session(self.page)
-        return self._send(method, params)
-
-    def _send(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        # Playwright's sync CDPSession.send walks every value of the answer looking for its own
-        # objects to wrap (a DOM snapshot or AXTree is tens of thousands of values, ~10% of a
-        # MiniWoB step); DevTools answers are plain JSON, so the wrapped call is awaited directly.
-        impl, run = getattr(self._session, "_impl_obj", None), getattr(self._session, "_sync", None)
-        if impl is None or run is None:
-            return self._session.send(method, params)
-        return run(impl.send(method=method, params=params, timeout=None))
-
     def detach(self) -> None:
         """Kept open for the next observation (BrowserGym's functions call this when done)."""
+
+    @staticmethod
+    def _key(method: str, params: dict[str, Any] | None) -> str:
+        return method + json.dumps(params or {}, sort_keys=True)
+
+    def _raw(self):
+        """The session's asynchronous call and the runner for it, or None to use the public API."""
+        if self._session is None:
+            self._session = self.page.context.new_cdp_session(self.page)
+        impl, run = getattr(self._session, "_impl_obj", None), getattr(self._session, "_sync", None)
+        return (impl.send, run) if impl is not None and run is not None else None
+
+    def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        answer = self._ahead.pop(self._key(method, params), None) if self._ahead else None
+        if answer is None:
+            answer = self._send_now(method, params)
+        if method == "Page.getFrameTree":
+            self.main_frame_id = answer["frameTree"]["frame"]["id"]
+        return answer
+
+    def _send_now(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+        from playwright.sync_api import Error as PlaywrightError
+
+        for attempt in (1, 2):
+            raw = self._raw()
+            try:
+                if raw is None:
+                    return self._session.send(method, params)
+                call, run = raw
+                return run(call(method=method, params=params, timeout=None))
+            except PlaywrightError as e:
+                message = str(e).lower()
+                if attempt == 2 or self.page.is_closed() or ("detached" not in message and "closed" not in message):
+                    raise
+                self._session = None  # the target went away under the session (e.g. a process swap)
+        raise AssertionError("unreachable")
+
+    def send_ahead(self, requests: Sequence[tuple[str, dict[str, Any] | None]]) -> None:
+        """Send several requests at once; a later ``send`` of the same request takes its answer.
+
+        Chromium answers them in order on one session, without a round trip to Python between
+        them, and the screenshot's wait for a frame overlaps the DOM and AXTree work. A request
+        that fails here is simply sent again by ``send``.
+        """
+        import asyncio
+
+        raw = self._raw()
+        if raw is None:
+            return
+        call, run = raw
+
+        async def all_of():
+            return await asyncio.gather(*(call(method=m, params=p, timeout=None) for m, p in requests), return_exceptions=True)
+
+        for (method, params), answer in zip(requests, run(all_of())):
+            if not isinstance(answer, BaseException):
+                self._ahead[self._key(method, params)] = answer
+
+    def forget_ahead(self) -> None:
+        self._ahead.clear()
 
 
 _DEVTOOLS: "weakref.WeakKeyDictionary[Any, _PageDevTools]" = weakref.WeakKeyDictionary()
@@ -250,9 +297,13 @@ def devtools(page) -> _PageDevTools:
     return tools
 
 
+SCREENSHOT_REQUEST = ("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True})
+DOM_SNAPSHOT_REQUEST = ("DOMSnapshot.captureSnapshot", {"computedStyles": [], "includeDOMRects": True, "includePaintOrder": False})
+
+
 def capture_png(page) -> bytes:
     """A PNG screenshot of the viewport, kept as bytes (BrowserGym decodes it to an array; we store it)."""
-    answer = devtools(page).send("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True})
+    answer = devtools(page).send(*SCREENSHOT_REQUEST)
     return base64.b64decode(answer["data"])
 
 
@@ -299,11 +350,17 @@ def mark_elements(page, tags_to_mark: str = "standard_html") -> None:
     mark(page.main_frame, "")
 
 
-_FOCUSED_BID_JS = """(attr) => {
-  let el = document.activeElement;
-  while (el && el.shadowRoot && el.shadowRoot.activeElement) el = el.shadowRoot.activeElement;
-  return el && el.getAttribute ? el.getAttribute(attr) || '' : '';
-}"""
+_DOM_SNAPSHOT_ARGS = {"computed_styles": "computedStyles", "include_dom_rects": "includeDOMRects", "include_paint_order": "includePaintOrder"}
+
+
+def focused_bid(axtree: dict[str, Any]) -> str:
+    """The bid of the focused element, from the AXTree ('' when the document itself has focus)."""
+    for node in axtree.get("nodes", ()):
+        if node.get("browsergym_id") and any(
+            p.get("name") == "focused" and (p.get("value") or {}).get("value") for p in node.get("properties", ())
+        ):
+            return str(node["browsergym_id"])
+    return ""
 
 
 def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", screenshot: bool = True) -> PageState:
@@ -319,14 +376,22 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
     from agisdk.REAL.browsergym.utils.obs import flatten_axtree_to_str
     from playwright.sync_api import Error as PlaywrightError
 
+    tools = devtools(page)
     last_error: Exception | None = None
     for _ in range(3):
         try:
             mark_elements(page, tags_to_mark)
-            dom = extract_dom_snapshot(devtools(page), include_paint_order=False)
-            axtree = extract_merged_axtree(devtools(page))
-            focused = page.evaluate(_FOCUSED_BID_JS, BROWSERGYM_ID_ATTRIBUTE)
+            # BrowserGym's requests, sent at once; its functions below take their answers.
+            ahead = [DOM_SNAPSHOT_REQUEST, ("Page.getFrameTree", {})]
+            if tools.main_frame_id and len(page.frames) == 1:
+                ahead.append(("Accessibility.getFullAXTree", {"frameId": tools.main_frame_id}))
+            if screenshot:
+                ahead.append(SCREENSHOT_REQUEST)  # the page as marked looks as it does unmarked
+            tools.send_ahead(ahead)
+            dom = extract_dom_snapshot(tools, **{k: DOM_SNAPSHOT_REQUEST[1][v] for k, v in _DOM_SNAPSHOT_ARGS.items()})
+            axtree = extract_merged_axtree(tools)
             extra_properties = extract_dom_extra_properties(dom)
+            png = capture_png(page) if screenshot else None
             break
         except (PlaywrightError, MarkingError) as e:
             # Frames can detach while a page is still settling; BrowserGym retries these too.
@@ -343,12 +408,13 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
             if not transient:
                 raise
             page.wait_for_timeout(100)
+        finally:
+            tools.forget_ahead()
     else:
         raise EnvError(f"could not read the page: {last_error}")
     _post_extract(page)
     text = flatten_axtree_to_str(axtree)
     elements = elements_from_axtree(axtree, extra_properties)
-    png = capture_png(page) if screenshot else None
     return PageState(
         goal=goal,
         url=page.url,
@@ -356,7 +422,7 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
         elements=elements,
         screenshot=png,
         extra={
-            "focused_element_bid": focused,
+            "focused_element_bid": focused_bid(axtree),
             # [x, y, width, height] in CSS pixels of the elements a policy may act on, so the
             # step can record where its action landed (the dashboard draws it).
             "element_bboxes": {
