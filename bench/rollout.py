@@ -44,10 +44,12 @@ def available() -> str | None:
     return None
 
 
-def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, max_steps: int, tasks: str) -> dict[str, Any]:
+def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, max_steps: int, tasks: str, pin: bool = True) -> dict[str, Any]:
     cmd = [str(HALO_AGENT), "rollout", "--env", "miniwob", "--tasks", tasks, "--rollouts-per-task", str(rollouts_per_task),
            "--policy", "random", "--seed", "0", "--max-steps", str(max_steps), "--workers", str(workers),
            "--lake", str(lake), "--run-id", run_id, "--no-progress", "--json"]
+    if not pin:
+        cmd.append("--no-pin-workers")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -96,19 +98,23 @@ def measure(workdir: Path, quick: bool = False, repeats: int = 2) -> dict[str, A
     tasks = bench_tasks()
     k = 2 if quick else 4
     out: dict[str, Any] = {"tasks": tasks, "rollouts_per_task": k, "max_steps": 10, "workers": {}}
-    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
-    for r in range(1 if quick else repeats):  # 1 and 2 workers alternate, so both see the same machine
-        for workers in (1, 2):
-            runs[workers].append(run_rollout(lake, f"bench-w{workers}-{r}", workers, k, 10, tasks))
+    # 1 worker, 2 workers (each pinned to a CPU, the default) and 2 unpinned workers take
+    # turns, so all three see the same machine.
+    configs = {"1": (1, True), "2": (2, True), "2-unpinned": (2, False)}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for r in range(1 if quick else repeats):
+        for name, (workers, pin) in configs.items():
+            runs[name].append(run_rollout(lake, f"bench-w{name}-{r}", workers, k, 10, tasks, pin=pin))
     for workers, done in runs.items():
-        out["workers"][str(workers)] = {
+        out["workers"][workers] = {
             "steps": sum(r["steps"] for r in done),
             "long_episodes": sum(r["long_episodes"] for r in done),
             "runs": done,
             "steps_per_second": _mmm([r["steps_per_second"] for r in done]),
             "steps_per_second_per_worker_long": _mmm([r["steps_per_second_per_worker_long"] for r in done]),
         }
-    out["speedups_2_workers"] = [b["steps_per_second"] / a["steps_per_second"] for a, b in zip(runs[1], runs[2])]
+    out["speedups_2_workers"] = [b["steps_per_second"] / a["steps_per_second"] for a, b in zip(runs["1"], runs["2"])]
+    out["speedups_2_workers_unpinned"] = [b["steps_per_second"] / a["steps_per_second"] for a, b in zip(runs["1"], runs["2-unpinned"])]
     shares = [r["lake_share"] for w in out["workers"].values() for r in w["runs"] if r.get("lake_share") is not None]
     if shares:
         out["lake_share"] = {"min": min(shares), "median": statistics.median(shares), "max": max(shares), "n": len(shares)}

@@ -363,12 +363,15 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         else:
             for w, r in sorted(ro["workers"].items()):
                 long = r["steps_per_second_per_worker_long"]
-                rows.append((f"MiniWoB rollout, {w} worker(s): steps/s per worker, episodes >= 5 steps", f"{r['long_episodes']} episodes",
-                             fmt_mmm(long, "", 1), ">= 10", met(long["median"] >= 10) if w == "1" else "-"))
-                rows.append((f"MiniWoB rollout, {w} worker(s): steps/s, whole run", f"{r['steps']} steps", fmt_mmm(r["steps_per_second"], "", 1), "", "-"))
+                label = {"1": "1 worker", "2": "2 workers", "2-unpinned": "2 unpinned workers"}.get(w, w)
+                rows.append((f"MiniWoB rollout, {label}: steps/s per worker, episodes >= 5 steps", f"{r['long_episodes']} episodes",
+                             fmt_mmm(long, "", 1), ">= 10", met(long["median"] >= 10)))
+                rows.append((f"MiniWoB rollout, {label}: steps/s, whole run", f"{r['steps']} steps", fmt_mmm(r["steps_per_second"], "", 1), "", "-"))
             if ro.get("speedup_2_workers"):
                 sp = mmm(ro["speedups_2_workers"]) if ro.get("speedups_2_workers") else {"min": ro["speedup_2_workers"], "median": ro["speedup_2_workers"], "max": ro["speedup_2_workers"], "n": 1}
                 rows.append(("MiniWoB rollout, 2 workers / 1 worker (x)", "side by side", fmt_mmm(sp, "x", 2), ">= 1.5x", met(sp["median"] >= 1.5)))
+                if ro.get("speedups_2_workers_unpinned"):
+                    rows.append(("MiniWoB rollout, 2 unpinned workers / 1 worker (x)", "side by side", fmt_mmm(mmm(ro["speedups_2_workers_unpinned"]), "x", 2), "", "-"))
             if ro.get("lake_share"):
                 ls = ro["lake_share"]
                 rows.append(("lake's share of rollout wall time (sampler's count)", "all runs", fmt_mmm({**ls, "min": ls["min"] * 100, "median": ls["median"] * 100, "max": ls["max"] * 100}, "%", 2), "<= 2%", met(ls["median"] <= 0.02)))
