@@ -9,9 +9,10 @@ the only judge. Importing this module registers every task with agisdk
 ``EnvArgs``) and adds a ``miniwob`` entry to agisdk's ``task_config.VERSION_DIRS``.
 
 ``MiniWoBEnv`` drives the same task class from a lean loop: one Chromium per
-worker reused across episodes (a fresh context each), no fixed sleeps, BrowserGym's
-observation extraction and action code. agisdk's ``BrowserEnv`` instead sleeps
-0.5 s per step and relaunches Chromium and a chat window on every reset.
+worker reused across episodes (see ``ISOLATION_LEVELS`` for how episodes are kept
+apart), no fixed sleeps, BrowserGym's observation extraction and action code.
+agisdk's ``BrowserEnv`` instead sleeps 0.5 s per step and relaunches Chromium and a
+chat window on every reset.
 """
 
 from __future__ import annotations
