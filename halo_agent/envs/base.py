@@ -499,7 +499,12 @@ class ActionRunner:
         self._namespace["_browsergym_click"](bid, button, list(modifiers))
 
     def run(self, page, action: str, observed_boxes: dict[str, Sequence[float]] | None = None) -> tuple[str | None, list[tuple[str, str]]]:
-        """Run one action string; returns ``(error, messages)`` as ``execute_action`` does."""
+        """Run one action string on ``page``.
+
+        Returns ``(error, messages)``: the error text if the browser refused the action
+        (``None`` if it ran), and the ``(role, text)`` messages the action sent
+        (``send_msg_to_user`` -> ``assistant``, ``report_infeasible`` -> ``infeasible``).
+        """
         messages: list[tuple[str, str]] = []
         try:
             code = self.actions.to_python_code(action)
@@ -521,17 +526,6 @@ class ActionRunner:
         finally:
             namespace["page"] = None
         return None, messages
-
-
-def execute_action(page, action: str, actions=None, observed_boxes: dict[str, Sequence[float]] | None = None) -> tuple[str | None, list[tuple[str, str]]]:
-    """Run one BrowserGym action string on ``page`` with BrowserGym's action code.
-
-    Returns ``(error, messages)``: the error text if the browser refused the action
-    (``None`` if it ran), and the ``(role, text)`` messages the action sent
-    (``send_msg_to_user`` -> ``assistant``, ``report_infeasible`` -> ``infeasible``).
-    Environments that run many actions keep an ``ActionRunner`` instead.
-    """
-    return ActionRunner(actions).run(page, action, observed_boxes)
 
 
 def element_for_action(action: str | None, elements: Sequence[Element]) -> Element | None:
