@@ -38,6 +38,29 @@ def synthetic_lake(tmp_path):
     return build_synthetic_lake(str(tmp_path / "synthetic-lake"), spec)
 
 
+@pytest.fixture
+def race_processes():
+    """Start ``n`` spawned processes ``target(root, index, start_event)``, release them at once, wait.
+
+    Returns their exit codes. Spawned, never forked: delta-rs does not survive a fork.
+    """
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+
+    def race(target, root: str, n: int, timeout: float = 120) -> list[int | None]:
+        start = spawn.Event()
+        procs = [spawn.Process(target=target, args=(root, i, start)) for i in range(n)]
+        for p in procs:
+            p.start()
+        start.set()
+        for p in procs:
+            p.join(timeout)
+        return [p.exitcode for p in procs]
+
+    return race
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Release DuckDB connections that outlive the tests (the dashboard caches one per lake
     snapshot for the life of the process), so none is alive when DuckDB's module is torn down."""

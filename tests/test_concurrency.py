@@ -42,17 +42,10 @@ def append_episodes(root: str, writer_idx: int, start: "multiprocessing.synchron
             writer.write_episode(fields, steps, [shared, own])
 
 
-def test_eight_processes_append_at_once(tmp_path):
+def test_eight_processes_append_at_once(tmp_path, race_processes):
     root = str(tmp_path / "lake")
     lake = Lake.init(root)
-    start = SPAWN.Event()
-    procs = [SPAWN.Process(target=append_episodes, args=(root, i, start)) for i in range(WRITERS)]
-    for p in procs:
-        p.start()
-    start.set()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    assert race_processes(append_episodes, root, WRITERS) == [0] * WRITERS
     got = lake.query_arrow("""
         select count(*) as steps, count(distinct episode_id) as episodes, count(distinct run_id) as runs,
                count(distinct (episode_id, step_idx)) as distinct_steps

@@ -163,17 +163,10 @@ def write_overlapping(root: str, writer_idx: int, start) -> None:
 
 
 @pytest.mark.slow
-def test_eight_writers_then_compact_leave_exact_rows_and_one_row_per_screenshot(tmp_path):
+def test_eight_writers_then_compact_leave_exact_rows_and_one_row_per_screenshot(tmp_path, race_processes):
     root = str(tmp_path / "lake")
     lake = Lake.init(root)
-    start = SPAWN.Event()
-    procs = [SPAWN.Process(target=write_overlapping, args=(root, i, start)) for i in range(WRITERS)]
-    for p in procs:
-        p.start()
-    start.set()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    assert race_processes(write_overlapping, root, WRITERS) == [0] * WRITERS
 
     result = run_cli("halo-data", "compact", "--lake", root)
     assert result.returncode == 0, result.stderr
