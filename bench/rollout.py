@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.run import mmm
+
 ROOT = Path(__file__).resolve().parent.parent
 HALO_AGENT = Path(sys.executable).parent / "halo-agent"
 MIN_EPISODE_STEPS = 5
@@ -82,10 +84,6 @@ def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, m
             "lake_share": summary.get("lake_share"), "summary": summary}
 
 
-def _mmm(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
-
-
 def measure(workdir: Path, quick: bool = False, repeats: int = 2) -> dict[str, Any]:
     why = available()
     if why:
@@ -110,14 +108,14 @@ def measure(workdir: Path, quick: bool = False, repeats: int = 2) -> dict[str, A
             "steps": sum(r["steps"] for r in done),
             "long_episodes": sum(r["long_episodes"] for r in done),
             "runs": done,
-            "steps_per_second": _mmm([r["steps_per_second"] for r in done]),
-            "steps_per_second_per_worker_long": _mmm([r["steps_per_second_per_worker_long"] for r in done]),
+            "steps_per_second": mmm([r["steps_per_second"] for r in done]),
+            "steps_per_second_per_worker_long": mmm([r["steps_per_second_per_worker_long"] for r in done]),
         }
     out["speedups_2_workers"] = [b["steps_per_second"] / a["steps_per_second"] for a, b in zip(runs["1"], runs["2"])]
     out["speedups_2_workers_unpinned"] = [b["steps_per_second"] / a["steps_per_second"] for a, b in zip(runs["1"], runs["2-unpinned"])]
     shares = [r["lake_share"] for w in out["workers"].values() for r in w["runs"] if r.get("lake_share") is not None]
     if shares:
-        out["lake_share"] = {"min": min(shares), "median": statistics.median(shares), "max": max(shares), "n": len(shares)}
+        out["lake_share"] = mmm(shares)
     one = out["workers"]["1"]["steps_per_second"]["median"]
     out["step_seconds"] = 1.0 / one if one else None
     out["speedup_2_workers"] = statistics.median(out["speedups_2_workers"])

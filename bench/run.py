@@ -368,7 +368,7 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                              fmt_mmm(long, "", 1), ">= 10", met(long["median"] >= 10)))
                 rows.append((f"MiniWoB rollout, {label}: steps/s, whole run", f"{r['steps']} steps", fmt_mmm(r["steps_per_second"], "", 1), "", "-"))
             if ro.get("speedup_2_workers"):
-                sp = mmm(ro["speedups_2_workers"]) if ro.get("speedups_2_workers") else {"min": ro["speedup_2_workers"], "median": ro["speedup_2_workers"], "max": ro["speedup_2_workers"], "n": 1}
+                sp = mmm(ro.get("speedups_2_workers") or [ro["speedup_2_workers"]])  # older results hold one figure
                 rows.append(("MiniWoB rollout, 2 workers / 1 worker (x)", "side by side", fmt_mmm(sp, "x", 2), ">= 1.5x", met(sp["median"] >= 1.5)))
                 if ro.get("speedups_2_workers_unpinned"):
                     rows.append(("MiniWoB rollout, 2 unpinned workers / 1 worker (x)", "side by side", fmt_mmm(mmm(ro["speedups_2_workers_unpinned"]), "x", 2), "", "-"))
