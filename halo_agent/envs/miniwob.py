@@ -100,15 +100,16 @@ _HIDE_HUMAN_DISPLAY_JS = r"""() => {
 }"""
 
 # BrowserGym's seeding, then the episode's start; answers whether the task is ready at once.
-_START_EPISODE_JS = r"""([seed, maxTime]) => {
+_SEED_AND_START = """
   Math.seedrandom(seed);
   core.EPISODE_MAX_TIME = maxTime;
   core.startEpisodeReal();
-  return WOB_TASK_READY;
-}"""
+  return WOB_TASK_READY;"""
+_START_EPISODE_JS = "([seed, maxTime]) => {" + _SEED_AND_START + "\n}"
 
 # MiniWoB++'s own reset in a document that already holds the task: drop BrowserGym's marks
-# (so element ids are handed out from 0 again, as on a fresh load), blur, seed, start.
+# (so element ids are handed out from 0 again, as on a fresh load), blur, then seed and start
+# exactly as a fresh load does.
 _RESTART_EPISODE_JS = r"""([attr, seed, maxTime]) => {
   for (const el of document.querySelectorAll('*')) {
     el.removeAttribute(attr);
@@ -117,12 +118,7 @@ _RESTART_EPISODE_JS = r"""([attr, seed, maxTime]) => {
   }
   delete window.browsergym_elem_counter;
   delete window.browsergym_frame_id_generator;
-  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
-  Math.seedrandom(seed);
-  core.EPISODE_MAX_TIME = maxTime;
-  core.startEpisodeReal();
-  return WOB_TASK_READY;
-}"""
+  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();""" + _SEED_AND_START + "\n}"
 
 _READ_GLOBALS_JS = r"""() => ({
   reward: WOB_REWARD_GLOBAL,
