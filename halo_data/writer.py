@@ -1,7 +1,7 @@
 """Buffered episode writer: whole episodes, one Delta commit per flush.
 
     with EpisodeWriter(lake) as writer:
-        writer.write_episode(episode_fields, steps, screenshots)
+        writer.write_episode(EpisodeRecord(...), [StepRecord(...), ...], screenshots)
 
 Screenshots are appended before the steps that reference them, so a reader never
 sees a step whose screenshot is missing. Steps of all buffered episodes go in one
@@ -24,11 +24,11 @@ import pyarrow as pa
 from halo_data import ids
 from halo_data import schema as S
 from halo_data.lake import Lake, LakeError, conform
+from halo_data.records import EpisodeRecord, StepRecord
 
 log = logging.getLogger(__name__)
 
 
-_STEP_FIELDS = frozenset(S.STEPS.column_names)
 _STEP_ONLY_COLUMNS = tuple(c for c in S.STEPS.column_names if c not in S.EPISODE_COLUMNS)
 
 
@@ -106,57 +106,37 @@ class EpisodeWriter:
     # ------------------------------------------------------------------ buffering
     def write_episode(
         self,
-        episode: Mapping[str, Any],
-        steps: Sequence[Mapping[str, Any]],
+        episode: EpisodeRecord | Mapping[str, Any],
+        steps: Sequence[StepRecord | Mapping[str, Any]],
         screenshots: Iterable[Screenshot] = (),
     ) -> str:
-        """Buffer one finished episode; returns its id. May flush."""
-        episode = dict(episode)
-        for key in ("run_id", "env", "task_id"):
-            if not episode.get(key):
-                raise LakeError(f"episode is missing {key}")
-        ids.check_run_id(episode["run_id"])
-        expected = ids.episode_id(episode["run_id"], episode["task_id"], int(episode.get("task_seed") or 0), int(episode.get("attempt_idx") or 0))
-        eid = episode.setdefault("episode_id", expected)
-        if eid != expected:
-            raise LakeError(f"episode_id {eid} does not match (run_id, task_id, task_seed, attempt_idx); let the writer derive it")
+        """Buffer one finished episode; returns its id. May flush.
+
+        ``episode`` and ``steps`` are records (``halo_data.records``); a plain mapping is
+        built into one first, so its fields are checked the same way.
+        """
+        if not isinstance(episode, EpisodeRecord):
+            episode = EpisodeRecord.from_row(episode)
+        eid = episode.episode_id
         if not steps:
             raise LakeError(f"episode {eid} has no steps: record at least the step on which it failed")
         if eid in self._episodes:
             raise LakeError(f"episode {eid} is already buffered")
-        unknown = set(episode) - set(S.EPISODE_COLUMNS)
-        if unknown:
-            raise LakeError(f"unknown episode field(s): {', '.join(sorted(unknown))}")
-        episode.setdefault("n_steps", len(steps))
-        n = len(steps)
-        for step in steps:
-            if not _STEP_FIELDS.issuperset(step):
-                bad = set(step) - _STEP_FIELDS
-                raise LakeError(f"unknown step field(s): {', '.join(sorted(bad))}")
+        rows = [(s if isinstance(s, StepRecord) else StepRecord.from_row(s)).row() for s in steps]
+        n = len(rows)
+        fields = episode.row()
+        if fields["n_steps"] is None:
+            fields["n_steps"] = n
         # Column by column, not row by row: this loop is most of a writer's Python cost per step.
         cols = self._columns
         for c in S.EPISODE_COLUMNS:
-            if c in episode:
-                cols[c].extend([episode[c]] * n)
-            else:
-                cols[c].extend([step.get(c) for step in steps])
+            cols[c].extend([fields[c]] * n)
         for c in _STEP_ONLY_COLUMNS:
-            if c == "step_idx":
-                values = [step.get("step_idx", i) for i, step in enumerate(steps)]
-            elif c == "is_last":
-                values = [step.get("is_last", i == n - 1) for i, step in enumerate(steps)]
-            elif c == "state_hash_version":
-                values = [step.get("state_hash_version", S.STATE_HASH_VERSION) for step in steps]
-            elif c == "prompt_hash":
-                # dpo_pairs joins equal prompts by prompt_hash, so a step with a prompt always carries one.
-                values = [
-                    step.get("prompt_hash") or (ids.sha256_hex(step["prompt"]) if step.get("prompt") is not None else None)
-                    for step in steps
-                ]
+            if c == "is_last":
+                cols[c].extend([row["is_last"] if row.get("is_last") is not None else i == n - 1 for i, row in enumerate(rows)])
             else:
-                values = [step.get(c) for step in steps]
-            cols[c].extend(values)
-        self._n_rows += len(steps)
+                cols[c].extend([row.get(c) for row in rows])
+        self._n_rows += n
         for shot in screenshots:
             if self._known is not None and shot.hash in self._known:
                 continue
