@@ -8,7 +8,17 @@ content parts, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``),
 ``GET /v1/models`` (the base model and its LoRA adapters, which requests select
 by name, as with vLLM's ``--lora-modules``), and OpenAI-style error bodies. It
-binds to 127.0.0.1 only. Image parts are accepted and checked (base64 data URLs)
+binds to 127.0.0.1 only.
+
+Adapters can be loaded and unloaded while serving with vLLM's runtime LoRA API
+(what vLLM serves with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), with the same
+request bodies, answers and errors: ``POST /v1/load_lora_adapter``
+``{"lora_name": ..., "lora_path": ...}`` answers ``200`` with the plain text
+``Success: LoRA adapter 'NAME' added successfully.``; a name already loaded is a
+400 ``InvalidUserInput``, a path without an adapter a 404 ``NotFoundError``.
+``POST /v1/unload_lora_adapter`` ``{"lora_name": ...}`` answers ``Success: LoRA
+adapter 'NAME' removed successfully.``, or 404 for a name not loaded. So one
+client (``halo_agent.serving.EngineClient``) drives either engine. Image parts are accepted and checked (base64 data URLs)
 and shown to the text model as ``<image>``; serve vision models with vLLM.
 
 It is meant for tests and small local models; use vLLM for anything large.
@@ -30,7 +40,7 @@ import time
 import uuid
 from typing import Any, Mapping
 
-from halo_agent.policies.hf_policy import LocalChatModel, ModelLoadError
+from halo_agent.policies.hf_policy import AdapterNotFoundError, LocalChatModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +98,16 @@ def _check_messages(messages: Any) -> dict[str, int]:
         elif content is not None and not isinstance(content, str):
             raise RequestError("message content must be a string or a list of parts", param="messages")
     return {"images": n_images, "image_bytes": image_bytes}
+
+
+def _lora_fields(body: Any) -> tuple[str | None, str | None]:
+    if not isinstance(body, Mapping):
+        raise RequestError("the request body must be a JSON object")
+    name, path = body.get("lora_name"), body.get("lora_path")
+    for key, value in (("lora_name", name), ("lora_path", path)):
+        if value is not None and not isinstance(value, str):
+            raise RequestError(f"{key} must be a string", kind="InvalidUserInput", param=key)
+    return name, path
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -155,8 +175,38 @@ class ChatCompletionServer:
         created = int(time.time())
         data = [{"id": self.served_model_name, "object": "model", "created": created, "owned_by": "halo", "root": self.engine.model_path, "parent": None}]
         for name in self.engine.adapter_names:
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "halo", "root": name, "parent": self.served_model_name})
+            # As vLLM: an adapter's root is the folder it was loaded from.
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "halo",
+                         "root": self.engine.adapter_paths[name], "parent": self.served_model_name})
         return {"object": "list", "data": data}
+
+    def load_lora_adapter(self, body: Any) -> str:
+        name, path = _lora_fields(body)
+        if not name or not path:
+            raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", kind="InvalidUserInput")
+        if name == self.served_model_name:
+            raise RequestError(f"The lora adapter '{name}' has already been loaded.", kind="InvalidUserInput")
+        try:
+            self.engine.load_adapter(name, path)
+        except AdapterNotFoundError as e:
+            raise RequestError(str(e), status=404, kind="NotFoundError") from None
+        except ModelLoadError as e:
+            raise RequestError(str(e), kind="BadRequestError") from None
+        except ValueError as e:  # already loaded
+            raise RequestError(str(e), kind="InvalidUserInput") from None
+        log.info("loaded LoRA adapter %s from %s", name, path)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_lora_adapter(self, body: Any) -> str:
+        name, _ = _lora_fields(body)
+        if not name:
+            raise RequestError("either 'lora_name' and 'lora_int_id' needs to be provided.", kind="InvalidUserInput")
+        try:
+            self.engine.unload_adapter(name)
+        except KeyError:
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", status=404, kind="NotFoundError") from None
+        log.info("unloaded LoRA adapter %s", name)
+        return f"Success: LoRA adapter '{name}' removed successfully."
 
     def chat_completion(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, Mapping):
@@ -224,15 +274,23 @@ class ChatCompletionServer:
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         server = self
+        routes = {
+            "/v1/chat/completions": self.chat_completion,
+            "/chat/completions": self.chat_completion,
+            "/v1/load_lora_adapter": self.load_lora_adapter,
+            "/v1/unload_lora_adapter": self.unload_lora_adapter,
+        }
 
         class Handler(http.server.BaseHTTPRequestHandler):
             server_version = "HALO-ChatServer/1"
             protocol_version = "HTTP/1.1"
 
-            def _send(self, status: int, payload: Mapping[str, Any]) -> None:
-                data = json.dumps(payload).encode("utf-8")
+            def _send(self, status: int, payload: Mapping[str, Any] | str) -> None:
+                # vLLM answers the runtime LoRA routes in plain text, everything else in JSON.
+                text = isinstance(payload, str)
+                data = (payload if text else json.dumps(payload)).encode("utf-8")
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -257,7 +315,8 @@ class ChatCompletionServer:
             def do_POST(self) -> None:  # noqa: N802
                 if not self._authorised():
                     return self._error(RequestError("invalid API key", 401, "authentication_error"))
-                if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                route = routes.get(self.path.rstrip("/"))
+                if route is None:
                     return self._error(RequestError(f"no route {self.path}", 404, "not_found_error"))
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY_BYTES:
@@ -267,12 +326,12 @@ class ChatCompletionServer:
                 except json.JSONDecodeError as e:
                     return self._error(RequestError(f"request body is not JSON: {e.msg}"))
                 try:
-                    self._send(200, server.chat_completion(body))
+                    self._send(200, route(body))
                 except RequestError as e:
                     self._error(e)
-                except Exception as e:  # a generation failure is the server's fault: 500, like vLLM
-                    log.exception("chat completion failed")
-                    self._error(RequestError(f"generation failed: {type(e).__name__}: {e}", 500, "internal_server_error"))
+                except Exception as e:  # a failure inside the engine is the server's fault: 500, like vLLM
+                    log.exception("%s failed", self.path)
+                    self._error(RequestError(f"{self.path} failed: {type(e).__name__}: {e}", 500, "internal_server_error"))
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("%s %s", self.address_string(), format % args)

@@ -35,6 +35,10 @@ class ModelLoadError(RuntimeError):
     """The model or adapter folder cannot be loaded; the message says what to do."""
 
 
+class AdapterNotFoundError(ModelLoadError):
+    """No adapter folder (``adapter_config.json``) at the path given."""
+
+
 @dataclasses.dataclass
 class Generation:
     text: str
@@ -124,21 +128,54 @@ class LocalChatModel:
         if self.tokenizer.chat_template is None:
             raise ModelLoadError(f"the tokenizer in {self.model_path} has no chat template: add one to tokenizer_config.json")
         self.adapter_names: list[str] = []
-        if adapters:
-            from peft import PeftModel
-
-            for i, (name, path) in enumerate(adapters.items()):
-                try:
-                    if i == 0:
-                        model = PeftModel.from_pretrained(model, str(path), adapter_name=name)
-                    else:
-                        model.load_adapter(str(path), adapter_name=name)
-                except (OSError, ValueError) as e:
-                    raise ModelLoadError(f"cannot load adapter {name!r} from {path}: {_first_line(e)}") from e
-                self.adapter_names.append(name)
+        self.adapter_paths: dict[str, str] = {}
         self.model = model.to(self.device).eval()
         self._lock = threading.Lock()
         self.eos_token_ids = self._eos_ids()
+        for name, path in (adapters or {}).items():
+            self.load_adapter(name, path)
+
+    def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Add a LoRA adapter under ``name`` while serving (between generations).
+
+        Raises ``AdapterNotFoundError`` when ``path`` holds no adapter and ``ModelLoadError`` when it cannot be
+        loaded onto this model (another base model, another rank layout); the adapters already loaded stay as they were.
+        """
+        from peft import PeftModel
+
+        path = str(path)
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise AdapterNotFoundError(f"Loading lora {name} failed: No adapter found for {path}")
+        with self._lock:
+            if name in self.adapter_names:
+                raise ValueError(f"The lora adapter '{name}' has already been loaded.")
+            try:
+                if isinstance(self.model, PeftModel):
+                    self.model.load_adapter(path, adapter_name=name)
+                else:
+                    self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).to(self.device).eval()
+            except (OSError, ValueError, KeyError, RuntimeError) as e:
+                if isinstance(self.model, PeftModel) and name in self.model.peft_config:
+                    self.model.delete_adapter(name)
+                raise ModelLoadError(f"cannot load adapter {name!r} from {path}: {_first_line(e)}") from e
+            self.model.eval()
+            self.adapter_names.append(name)
+            self.adapter_paths[name] = path
+
+    def unload_adapter(self, name: str) -> None:
+        """Remove the adapter ``name``; requests for it fail from now on. ``KeyError`` if it is not loaded."""
+        with self._lock:
+            if name not in self.adapter_names:
+                raise KeyError(name)
+            self.adapter_names.remove(name)
+            del self.adapter_paths[name]
+            if self.adapter_names:
+                # peft cannot delete the active adapter's weights while it is active: activate another first.
+                self.model.set_adapter(self.adapter_names[0])
+                self.model.delete_adapter(name)
+            else:
+                # The last adapter gone: serve the plain base model again, its weights untouched by LoRA.
+                self.model = self.model.unload()
 
     def _eos_ids(self) -> list[int]:
         ids = set()
@@ -166,8 +203,6 @@ class LocalChatModel:
     ) -> GenerationBatch:
         import torch
 
-        if adapter is not None and adapter not in self.adapter_names:
-            raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
         prompt_ids, _ = self.chat_prompt(messages)
         input_ids = torch.tensor([prompt_ids], device=self.device)
         do_sample = temperature > 0
@@ -185,6 +220,9 @@ class LocalChatModel:
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         with self._lock:
+            # Checked under the lock: an adapter may be unloaded between a request's arrival and its turn.
+            if adapter is not None and adapter not in self.adapter_names:
+                raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
             if seed is not None:
                 torch.manual_seed(int(seed))
             with torch.inference_mode(), self._adapter_context(adapter):
