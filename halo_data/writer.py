@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 _STEP_ONLY_COLUMNS = tuple(c for c in S.STEPS.column_names if c not in S.EPISODE_COLUMNS)
 
 
+def _step_from_mapping(step: Mapping[str, Any], position: int) -> StepRecord:
+    # A mapping may leave step_idx out, as writers before the records did: its position says it.
+    return StepRecord.from_row(step if "step_idx" in step else {**step, "step_idx": position})
+
+
 class LakeWriteError(LakeError):
     def __init__(self, message: str, episode_ids: Sequence[str]):
         super().__init__(message)
@@ -113,7 +118,8 @@ class EpisodeWriter:
         """Buffer one finished episode; returns its id. May flush.
 
         ``episode`` and ``steps`` are records (``halo_data.records``); a plain mapping is
-        built into one first, so its fields are checked the same way.
+        built into one first, so its fields are checked the same way (a step mapping
+        without ``step_idx`` takes its position).
         """
         if not isinstance(episode, EpisodeRecord):
             episode = EpisodeRecord.from_row(episode)
@@ -122,7 +128,7 @@ class EpisodeWriter:
             raise LakeError(f"episode {eid} has no steps: record at least the step on which it failed")
         if eid in self._episodes:
             raise LakeError(f"episode {eid} is already buffered")
-        rows = [(s if isinstance(s, StepRecord) else StepRecord.from_row(s)).row() for s in steps]
+        rows = [(s if isinstance(s, StepRecord) else _step_from_mapping(s, i)).row() for i, s in enumerate(steps)]
         n = len(rows)
         fields = episode.row()
         if fields["n_steps"] is None:
