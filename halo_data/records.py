@@ -276,17 +276,22 @@ class StepRecord:
         return _reward(self.reward, self.components(), weights[0] if weights else None)
 
     def row(self) -> dict[str, Any]:
+        """Every step column of ``steps`` (those of the episode aside), derived ones included."""
         values = self.__dict__
         row = dict(zip(_STEP_PLAIN, _step_values(values)))
         components = self.components()
         for c, v in components.items():
             row[_REWARD_COLUMN[c]] = v
         weights = _weights(values["weights"])
-        if weights is not None:
+        if weights is None:
+            row["reward_weights"] = None
+        else:
             row["reward_weights"] = weights[1]
             row["reward"] = _reward(values["reward"], components, weights[0])
         prompt = values["prompt"]
-        if prompt is not None:
+        if prompt is None:
+            row["prompt_hash"] = None
+        else:
             row["prompt_hash"] = ids.sha256_hex(prompt)
             row["prompt_version"] = values["prompt_version"] or prompts.PROMPT_VERSION
         row["state_hash_version"] = S.STATE_HASH_VERSION
@@ -325,7 +330,10 @@ def _check_weights(weights: Any) -> None:
     if not _COMPONENTS.issuperset(weights):
         raise RecordError(f"step field 'weights' has unknown component(s) {', '.join(sorted(set(weights) - _COMPONENTS))}")
     for name, value in weights.items():
-        _check("step", _REWARD_COLUMN[name], value, f"'weights' component {name!r}")
+        label = f"'weights' component {name!r}"
+        if value is None:
+            raise RecordError(f"step field {label} must be float, got NoneType")
+        _check("step", _REWARD_COLUMN[name], value, label)
 
 
 _WEIGHTS_JSON: dict[tuple[float, ...], str] = {}
