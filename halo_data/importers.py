@@ -298,30 +298,18 @@ def _model_output(agent_info: Any, action: str | None) -> str | None:
     return _text(_attr(agent_info, "model_response")) or action
 
 
-def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
-    summary_path = folder / "summary_info.json"
-    summary = _read_json_file(summary_path)
-    if not isinstance(summary, dict):
-        raise ImportFormatError(f"{summary_path}:1: expected a JSON object")
-    match = _AGISDK_DIR.search(folder.name)
-    task_id = summary.get("task_name") or (match.group("task") if match else None)
-    if not task_id:
-        raise ImportFormatError(f"{summary_path}: no task_name, and the folder name does not say the task")
-    task_seed = int(match.group("seed")) if match else 0
-    finish_path = folder / "finish_state.json"
-    finish_state = _read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
-
-    goal_object = None
-    if (folder / "goal_object.pkl.gz").exists():
-        goal_object = _load_pickle_checked(folder / "goal_object.pkl.gz")
+def _agisdk_step_infos(folder: Path) -> list[tuple[int, Any]]:
+    """(N, StepInfo) of each ``step_N.pkl.gz``, in step order."""
     infos = []
     for p in folder.glob("step_*.pkl.gz"):
         m = _STEP_PICKLE.match(p.name)
         if m:
             infos.append((int(m.group(1)), p))
     infos.sort()
-    step_infos = [(n, _load_pickle_checked(p)) for n, p in infos]
+    return [(n, _load_pickle_checked(p)) for n, p in infos]
 
+
+def _agisdk_screenshots(folder: Path) -> dict[int, Screenshot]:
     shots: dict[int, Screenshot] = {}
     for p in folder.glob("screenshot_step_*.png"):
         m = re.match(r"^screenshot_step_(\d+)\.png$", p.name)
@@ -330,11 +318,11 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
             if data[:8] != b"\x89PNG\r\n\x1a\n":
                 raise ImportFormatError(f"{p}: not a PNG file")
             shots[int(m.group(1))] = Screenshot.from_bytes(data)
+    return shots
 
-    success = bool(summary.get("success"))
-    cum_reward = float(summary.get("cum_reward") or 0.0)
-    err = summary.get("err_msg")
-    error = str(err).strip().splitlines()[-1] if err else None
+
+def _agisdk_steps(folder: Path, step_infos: list[tuple[int, Any]], shots: dict[int, Screenshot], goal_object: Any) -> list[StepRecord]:
+    """One step per StepInfo with an action: StepInfo N holds the page the N-th action was chosen on."""
     steps: list[StepRecord] = []
     history: list[str] = []
     for i, (n, info) in enumerate(step_infos):
@@ -383,6 +371,33 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
             extra=json.dumps({"agisdk_step": n}),
         ))
         history.append(action)
+    return steps
+
+
+def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
+    summary_path = folder / "summary_info.json"
+    summary = _read_json_file(summary_path)
+    if not isinstance(summary, dict):
+        raise ImportFormatError(f"{summary_path}:1: expected a JSON object")
+    match = _AGISDK_DIR.search(folder.name)
+    task_id = summary.get("task_name") or (match.group("task") if match else None)
+    if not task_id:
+        raise ImportFormatError(f"{summary_path}: no task_name, and the folder name does not say the task")
+    task_seed = int(match.group("seed")) if match else 0
+    finish_path = folder / "finish_state.json"
+    finish_state = _read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
+
+    goal_object = None
+    if (folder / "goal_object.pkl.gz").exists():
+        goal_object = _load_pickle_checked(folder / "goal_object.pkl.gz")
+    step_infos = _agisdk_step_infos(folder)
+    shots = _agisdk_screenshots(folder)
+    steps = _agisdk_steps(folder, step_infos, shots, goal_object)
+
+    success = bool(summary.get("success"))
+    cum_reward = float(summary.get("cum_reward") or 0.0)
+    err = summary.get("err_msg")
+    error = str(err).strip().splitlines()[-1] if err else None
     if not steps:
         # No step pickles: one step carrying the outcome, so the episode still counts.
         goal = _text(goal_object)
