@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_dashboard.py                 # 1M steps (targets: 3 s, 300 ms)
     .venv/bin/python bench/bench_dashboard.py --steps 100000 --lake /tmp/halo-bench-lake
 
-The lake is generated once (synthetic episodes appended in large batches through
-``Lake.append``, the writers' fast path) and reused when ``--lake`` already holds
+The lake is generated once (synthetic episodes built as step records and committed
+in large batches through the EpisodeWriter) and reused when ``--lake`` already holds
 one of the requested size. Renders run the real app through Streamlit's AppTest,
 so the measured time is the script run a browser would wait for, on cold caches.
 """
@@ -22,15 +22,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
-import pyarrow as pa
 
 from halo_data import ids
-from halo_data import schema as S
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
-from halo_data.writer import Screenshot, screenshots_table
+from halo_data.records import EpisodeRecord, StepRecord
+from halo_data.writer import EpisodeWriter, Screenshot, screenshots_table
 
 log = logging.getLogger("bench_dashboard")
 
@@ -60,11 +60,64 @@ def _png(rng: np.random.Generator, width: int = 320, height: int = 200) -> bytes
     return buf.getvalue()
 
 
+OBSERVATIONS = [f"[{i}] button 'Action {i}'\n[{i + 1}] textbox 'Search'" for i in range(64)]
+PROMPT = json.dumps([{"role": "user", "content": "Next action:"}])
+
+
+def _episodes(rng: np.random.Generator, n: int, first_attempt: int, hashes: list[str], t0: dt.datetime,
+              weights: RewardWeights) -> Iterator[tuple[EpisodeRecord, list[StepRecord]]]:
+    """Episodes of 5–35 steps, about ``n`` steps in all; random draws are made for all of them at once."""
+    lengths = rng.integers(5, 36, size=n // 5 + 1)
+    lengths = lengths[np.cumsum(lengths) <= n]
+    if lengths.size == 0:
+        lengths = np.array([n])
+    n_rows, n_eps = int(lengths.sum()), lengths.size
+    run_of_ep = rng.integers(0, len(RUNS), n_eps).tolist()
+    task_of_ep = rng.integers(0, 60, n_eps).tolist()
+    seed_of_ep = rng.integers(0, 5, n_eps).tolist()
+    success_of_ep = (rng.random(n_eps) < 0.35).tolist()
+    start_of_ep = rng.integers(0, 86_400, n_eps).tolist()
+    progress = (rng.random(n_rows) * 0.1).tolist()
+    novelty = (rng.random(n_rows) < 0.5).astype(float).tolist()
+    loop = (-(rng.random(n_rows) < 0.1).astype(float)).tolist()
+    validity = np.where(rng.random(n_rows) < 0.95, 0.0, -1.0).tolist()
+    obs_idx = rng.integers(0, len(OBSERVATIONS), n_rows).tolist()
+    shot_idx = rng.integers(0, len(hashes), n_rows).tolist()
+    row = 0
+    for i, length in enumerate(lengths.tolist()):
+        run_id, _, mode, env, version = RUNS[run_of_ep[i]]
+        site = SITES[task_of_ep[i] % len(SITES)]
+        if env == "miniwob":
+            site = "miniwob"
+        elif site == "miniwob":  # REAL runs have no MiniWoB tasks
+            site = "gomail"
+        started = t0 + dt.timedelta(seconds=start_of_ep[i])
+        success = success_of_ep[i]
+        episode = EpisodeRecord(
+            run_id=run_id, env=env, task_id=f"task-{task_of_ep[i]}", site=site, mode=mode, policy="openai",
+            model="qwen-bench", policy_version=version, attempt_idx=first_attempt + i, task_seed=seed_of_ep[i],
+            success=success, task_reward=float(success), n_steps=length, terminated=success, truncated=not success,
+            started_at=started, ended_at=started,
+        )
+        steps = []
+        for k, j in enumerate(range(row, row + length)):
+            action = f"click('{obs_idx[j]}')"
+            rewards = {"progress": progress[j], "novelty": novelty[j], "loop": loop[j], "validity": validity[j],
+                       "success": 1.0 if (success and k == length - 1) else 0.0}
+            steps.append(StepRecord(
+                step_idx=k, url="http://localhost/app", goal="Do the bench task", observation=OBSERVATIONS[obs_idx[j]],
+                screenshot_hash=hashes[shot_idx[j]], prompt=PROMPT, model_output=action, action=action,
+                action_source="model", action_valid=validity[j] == 0.0, rewards=rewards, weights=weights,
+                cumulative_progress=min(1.0, (k + 1) / 30.0), state_hash=f"s{obs_idx[j]}",
+            ))
+        row += length
+        yield episode, steps
+
+
 def build_bench_lake(root: str | Path, steps: int, images: int = 500, batch_steps: int = 250_000, seed: int = 0) -> Lake:
-    """A lake of about ``steps`` synthetic steps in episodes of 5–35 steps over 4 runs."""
+    """A lake of about ``steps`` synthetic steps in episodes of 5–35 steps over 4 runs, one commit per batch."""
     rng = np.random.default_rng(seed)
     lake = Lake.init(str(root))
-    weights = RewardWeights().as_dict()
     t0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
 
     shots = [_png(rng) for _ in range(images)]
@@ -77,90 +130,16 @@ def build_bench_lake(root: str | Path, steps: int, images: int = 500, batch_step
             for r, k, m, e, v in RUNS
         ]
     )
-    hash_array = np.array(hashes, dtype=object)
-    observations = np.array([f"[{i}] button 'Action {i}'\n[{i + 1}] textbox 'Search'" for i in range(64)], dtype=object)
-    written = 0
-    episode_counter = 0
+    weights = RewardWeights()
+    written = attempts = 0
+    # Flushed by hand once per batch; the screenshots are stored already.
+    writer = EpisodeWriter(lake, flush_episodes=sys.maxsize, flush_seconds=float("inf"), known_screenshots=hashes)
     while written < steps:
-        n = min(batch_steps, steps - written)
-        lengths = rng.integers(5, 36, size=n // 5 + 1)
-        lengths = lengths[np.cumsum(lengths) <= n]
-        if lengths.size == 0:
-            lengths = np.array([n])
-        n_rows = int(lengths.sum())
-        n_eps = lengths.size
-        ep_index = np.repeat(np.arange(n_eps), lengths)
-        step_idx = np.arange(n_rows) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        run_of_ep = rng.integers(0, len(RUNS), n_eps)
-        task_of_ep = rng.integers(0, 60, n_eps)
-        seed_of_ep = rng.integers(0, 5, n_eps)
-        success_of_ep = rng.random(n_eps) < 0.35
-        start_of_ep = np.array([t0 + dt.timedelta(seconds=int(s)) for s in rng.integers(0, 86_400, n_eps)], dtype=object)
-        episode_ids = []
-        for i in range(n_eps):
-            run = RUNS[run_of_ep[i]][0]
-            episode_ids.append(ids.episode_id(run, f"task-{task_of_ep[i]}", int(seed_of_ep[i]), episode_counter + i))
-        episode_counter += n_eps
-        episode_ids_arr = np.array(episode_ids, dtype=object)
-        is_last = np.zeros(n_rows, dtype=bool)
-        is_last[np.cumsum(lengths) - 1] = True
-        r_progress = rng.random(n_rows) * 0.1
-        r_novelty = (rng.random(n_rows) < 0.5).astype(float)
-        r_loop = -(rng.random(n_rows) < 0.1).astype(float)
-        r_validity = np.where(rng.random(n_rows) < 0.95, 0.0, -1.0)
-        r_success = np.where(is_last & np.repeat(success_of_ep, lengths), 1.0, 0.0)
-        reward = (weights["progress"] * r_progress + weights["novelty"] * r_novelty + weights["loop"] * r_loop
-                  + weights["validity"] * r_validity + weights["success"] * r_success)
-        runs_rows = np.array([r[0] for r in RUNS], dtype=object)[run_of_ep]
-        envs = np.array([r[3] for r in RUNS], dtype=object)[run_of_ep]
-        sites = np.array(SITES, dtype=object)[task_of_ep % len(SITES)]
-        sites = np.where(envs == "miniwob", "miniwob", np.where(sites == "miniwob", "gomail", sites))
-        obs_idx = rng.integers(0, len(observations), n_rows)
-        actions = np.array([f"click('{i}')" for i in range(64)], dtype=object)[obs_idx]
-        started = np.repeat(start_of_ep, lengths)
-        table = pa.table(
-            {
-                "run_id": runs_rows[ep_index],
-                "env": envs[ep_index],
-                "episode_id": episode_ids_arr[ep_index],
-                "task_id": np.char.add("task-", task_of_ep.astype(str)).astype(object)[ep_index],
-                "site": sites[ep_index],
-                "mode": np.array([r[2] for r in RUNS], dtype=object)[run_of_ep][ep_index],
-                "policy": np.full(n_rows, "openai", dtype=object),
-                "model": np.full(n_rows, "qwen-bench", dtype=object),
-                "policy_version": np.array([r[4] for r in RUNS], dtype=object)[run_of_ep][ep_index],
-                "attempt_idx": pa.array(np.zeros(n_rows, dtype=np.int32)),
-                "task_seed": seed_of_ep[ep_index],
-                "success": np.repeat(success_of_ep, lengths),
-                "task_reward": np.repeat(success_of_ep.astype(float), lengths),
-                "n_steps": pa.array(np.repeat(lengths, lengths).astype(np.int32)),
-                "terminated": np.repeat(success_of_ep, lengths),
-                "truncated": np.repeat(~success_of_ep, lengths),
-                "started_at": pa.array(list(started), S.TS),
-                "ended_at": pa.array(list(started), S.TS),
-                "step_idx": pa.array(step_idx.astype(np.int32)),
-                "url": np.full(n_rows, "http://localhost/app", dtype=object),
-                "goal": np.full(n_rows, "Do the bench task", dtype=object),
-                "observation": observations[obs_idx],
-                "screenshot_hash": hash_array[rng.integers(0, images, n_rows)],
-                "prompt": np.full(n_rows, json.dumps([{"role": "user", "content": "Next action:"}]), dtype=object),
-                "model_output": actions,
-                "action": actions,
-                "action_source": np.full(n_rows, "model", dtype=object),
-                "action_valid": r_validity == 0.0,
-                "r_progress": r_progress,
-                "r_novelty": r_novelty,
-                "r_loop": r_loop,
-                "r_validity": r_validity,
-                "r_success": r_success,
-                "reward": reward,
-                "cumulative_progress": np.minimum(1.0, (step_idx + 1) / 30.0),
-                "state_hash": np.char.add("s", obs_idx.astype(str)).astype(object),
-                "is_last": is_last,
-            }
-        )
-        lake.append("steps", table)
-        written += n_rows
+        for episode, episode_steps in _episodes(rng, min(batch_steps, steps - written), attempts, hashes, t0, weights):
+            writer.write_episode(episode, episode_steps)
+            written += len(episode_steps)
+            attempts += 1
+        writer.flush()
         log.info("wrote %d / %d steps", written, steps)
     return lake
 

@@ -28,7 +28,7 @@ from halo_data.synthetic import SyntheticEpisode, SyntheticSpec, bulk_writer, ge
 
 log = logging.getLogger(__name__)
 
-# Step fields the older pipeline kept per step, with its names.
+# Step fields the older pipeline kept per step, with its names (``reward`` is the record's weighted reward).
 LEGACY_STEP_FIELDS = {
     "step_idx": "step",
     "url": "url",
@@ -43,7 +43,6 @@ LEGACY_STEP_FIELDS = {
     "latency_ms": "latency_ms",
     "env_ms": "env_ms",
 }
-REWARD_FIELDS = {"r_progress": "progress", "r_novelty": "novelty", "r_loop": "loop", "r_validity": "validity", "r_success": "success"}
 
 
 @dataclasses.dataclass
@@ -62,7 +61,7 @@ def _iso(t: dt.datetime | None) -> str | None:
 
 def legacy_records(ep: SyntheticEpisode, shots_b64: dict[str, str] | None) -> list[dict[str, Any]]:
     """The older per-episode JSONL records of one episode (``shots_b64`` None: screenshots stripped)."""
-    e = ep.episode
+    e = ep.episode.row()
     records: list[dict[str, Any]] = [
         {
             "type": "episode_start",
@@ -78,18 +77,18 @@ def legacy_records(ep: SyntheticEpisode, shots_b64: dict[str, str] | None) -> li
             "policy": e["policy"],
             "policy_version": e["policy_version"],
             "mode": e["mode"],
-            "goal": ep.steps[0]["goal"] if ep.steps else None,
+            "goal": ep.steps[0].goal if ep.steps else None,
             "started_at": _iso(e["started_at"]),
         }
     ]
     for s in ep.steps:
         rec: dict[str, Any] = {"type": "step"}
         for src, dst in LEGACY_STEP_FIELDS.items():
-            rec[dst] = s.get(src)
-        rec["prompt"] = json.loads(s["prompt"])
-        rec["reward_components"] = {dst: s.get(src) for src, dst in REWARD_FIELDS.items()}
-        if shots_b64 is not None and s.get("screenshot_hash"):
-            rec["screenshot"] = shots_b64[s["screenshot_hash"]]
+            rec[dst] = s.weighted_reward() if src == "reward" else getattr(s, src)
+        rec["prompt"] = json.loads(s.prompt)
+        rec["reward_components"] = s.components()
+        if shots_b64 is not None and s.screenshot_hash:
+            rec["screenshot"] = shots_b64[s.screenshot_hash]
         records.append(rec)
     records.append(
         {
@@ -138,12 +137,12 @@ def generate(
         if bulk:
             bulk.write_episode(ep.episode, ep.steps, ep.screenshots)
         if jsonl_dir or jsonl_stripped_dir:
-            if ep.episode["task_id"] != current_task:
+            if ep.episode.task_id != current_task:
                 task_b64.clear()
-                current_task = ep.episode["task_id"]
+                current_task = ep.episode.task_id
             for s in ep.screenshots:
                 task_b64[s.hash] = base64.b64encode(s.image).decode("ascii")
-            name = f"{ep.episode['episode_id']}.jsonl"
+            name = f"{ep.episode.episode_id}.jsonl"
             if jsonl_dir:
                 write_legacy_episode(Path(jsonl_dir) / name, legacy_records(ep, task_b64))
             if jsonl_stripped_dir:
@@ -151,7 +150,7 @@ def generate(
         steps += len(ep.steps)
         episodes += 1
         shots += len(ep.screenshots)
-        shot_steps += sum(1 for s in ep.steps if s.get("screenshot_hash"))
+        shot_steps += sum(1 for s in ep.steps if s.screenshot_hash)
     if bulk:
         bulk.close()
         lake.upsert_runs([synthetic_run_row(spec, "python -m bench", planned_episodes=episodes, bench="bench.generate")])

@@ -43,10 +43,10 @@ def jsonl_write_seconds(episodes: list[SyntheticEpisode], folder: Path) -> dict:
             images[s.hash] = s.image
         # the records carry base64 screenshots; encoding them is part of the older path's per-step cost
         records = legacy_records(ep, None)
-        with open(folder / f"{ep.episode['episode_id']}.jsonl", "a", encoding="utf-8") as f:
+        with open(folder / f"{ep.episode.episode_id}.jsonl", "a", encoding="utf-8") as f:
             for rec in records:
                 if rec["type"] == "step":
-                    h = ep.steps[rec["step"]].get("screenshot_hash")
+                    h = ep.steps[rec["step"]].screenshot_hash
                     if h:
                         rec["screenshot"] = base64.b64encode(images[h]).decode("ascii")
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -79,7 +79,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from halo_data import ids, prompts
+from halo_data import schema as S
 from halo_data.lake import Lake, LakeError
+from halo_data.records import EpisodeRecord, RecordError, StepRecord
 from halo_data.writer import EpisodeWriter, Screenshot
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,8 @@ FLUSH_EPISODES = 50
 _AGISDK_DIR = re.compile(r"_on_(?P<task>.+)_(?P<seed>\d+)_[0-9a-f]{32}(?:_\d+)?$")
 _STEP_PICKLE = re.compile(r"^step_(\d+)\.pkl\.gz$")
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-REWARD_COMPONENT_FIELDS = ("r_progress", "r_novelty", "r_loop", "r_validity", "r_success")
+# agisdk records only the environment's reward: the other components are unknown (NULL), not 0.
+_ONLY_SUCCESS_KNOWN = dict.fromkeys(S.REWARD_COMPONENTS)
 
 
 class ImportFormatError(LakeError):
@@ -108,10 +111,19 @@ class ImportReport:
 @dataclasses.dataclass
 class ImportedEpisode:
     source: str
-    fields: dict[str, Any]
-    steps: list[dict[str, Any]]
+    episode: EpisodeRecord
+    steps: list[StepRecord]
     screenshots: list[Screenshot]
     run_fields: dict[str, Any]
+    attempt_given: bool = False  # else the import numbers the attempts of a (run, task, task_seed)
+
+
+def _record(where: str, record: type, **fields: Any) -> Any:
+    """``record(**fields)``; a field the record refuses is reported at ``where`` like any malformed source."""
+    try:
+        return record(**fields)
+    except RecordError as e:
+        raise ImportFormatError(f"{where}: {e}") from None
 
 
 # ---------------------------------------------------------------------- discovery
@@ -172,10 +184,10 @@ def _timestamp(value: Any, where: str) -> dt.datetime | None:
     raise ImportFormatError(f"{where}: {value!r} is not an ISO 8601 time or Unix seconds")
 
 
-def _prompt_fields(goal: str, url: str, observation: str, history: list[str], screenshot_hash: str | None) -> dict[str, Any]:
-    text = prompts.dumps(prompts.render_messages(goal or "", url or "", observation or "", history=history,
+def _prompt(goal: str | None, url: str | None, observation: str | None, history: list[str], screenshot_hash: str | None) -> str:
+    """The prompt a text policy would have seen; the record adds its version and hash."""
+    return prompts.dumps(prompts.render_messages(goal or "", url or "", observation or "", history=history,
                                                  screenshot_hash=screenshot_hash))
-    return {"prompt": text, "prompt_version": prompts.PROMPT_VERSION, "prompt_hash": ids.sha256_hex(text)}
 
 
 # ---------------------------------------------------------------------- agisdk pickles
@@ -286,30 +298,18 @@ def _model_output(agent_info: Any, action: str | None) -> str | None:
     return _text(_attr(agent_info, "model_response")) or action
 
 
-def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
-    summary_path = folder / "summary_info.json"
-    summary = _read_json_file(summary_path)
-    if not isinstance(summary, dict):
-        raise ImportFormatError(f"{summary_path}:1: expected a JSON object")
-    match = _AGISDK_DIR.search(folder.name)
-    task_id = summary.get("task_name") or (match.group("task") if match else None)
-    if not task_id:
-        raise ImportFormatError(f"{summary_path}: no task_name, and the folder name does not say the task")
-    task_seed = int(match.group("seed")) if match else 0
-    finish_path = folder / "finish_state.json"
-    finish_state = _read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
-
-    goal_object = None
-    if (folder / "goal_object.pkl.gz").exists():
-        goal_object = _load_pickle_checked(folder / "goal_object.pkl.gz")
+def _agisdk_step_infos(folder: Path) -> list[tuple[int, Any]]:
+    """(N, StepInfo) of each ``step_N.pkl.gz``, in step order."""
     infos = []
     for p in folder.glob("step_*.pkl.gz"):
         m = _STEP_PICKLE.match(p.name)
         if m:
             infos.append((int(m.group(1)), p))
     infos.sort()
-    step_infos = [(n, _load_pickle_checked(p)) for n, p in infos]
+    return [(n, _load_pickle_checked(p)) for n, p in infos]
 
+
+def _agisdk_screenshots(folder: Path) -> dict[int, Screenshot]:
     shots: dict[int, Screenshot] = {}
     for p in folder.glob("screenshot_step_*.png"):
         m = re.match(r"^screenshot_step_(\d+)\.png$", p.name)
@@ -318,12 +318,12 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
             if data[:8] != b"\x89PNG\r\n\x1a\n":
                 raise ImportFormatError(f"{p}: not a PNG file")
             shots[int(m.group(1))] = Screenshot.from_bytes(data)
+    return shots
 
-    success = bool(summary.get("success"))
-    cum_reward = float(summary.get("cum_reward") or 0.0)
-    err = summary.get("err_msg")
-    error = str(err).strip().splitlines()[-1] if err else None
-    steps: list[dict[str, Any]] = []
+
+def _agisdk_steps(folder: Path, step_infos: list[tuple[int, Any]], shots: dict[int, Screenshot], goal_object: Any) -> list[StepRecord]:
+    """One step per StepInfo with an action: StepInfo N holds the page the N-th action was chosen on."""
+    steps: list[StepRecord] = []
     history: list[str] = []
     for i, (n, info) in enumerate(step_infos):
         action = _text(_attr(info, "action"))
@@ -349,60 +349,94 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
         if _attr(next_profiling, "env_stop") and _attr(next_profiling, "env_start"):
             env_ms = 1000.0 * (float(_attr(next_profiling, "env_stop")) - float(_attr(next_profiling, "env_start")))
         step_reward = float(_attr(nxt, "reward") or 0.0) if nxt is not None else 0.0
-        steps.append({
-            "url": url,
-            "goal": goal,
-            "observation": observation,
-            "screenshot_hash": shot.hash if shot else None,
-            "screenshot_after_hash": after.hash if after else None,
-            **_prompt_fields(goal, url, observation, history, shot.hash if shot else None),
-            "model_output": _model_output(_attr(info, "agent_info"), action),
-            "action": action,
-            "action_source": "model",
-            "action_valid": not action_error,
-            "action_error": action_error or None,
-            "r_success": step_reward,
-            "reward": step_reward,
-            "state_hash": ids.state_hash(url or "", observation),
-            "latency_ms": agent_ms,
-            "env_ms": env_ms,
-            "extra": json.dumps({"agisdk_step": n}),
-        })
+        steps.append(_record(
+            str(folder / f"step_{n}.pkl.gz"), StepRecord,
+            step_idx=len(steps),
+            url=url,
+            goal=goal,
+            observation=observation,
+            screenshot_hash=shot.hash if shot else None,
+            screenshot_after_hash=after.hash if after else None,
+            prompt=_prompt(goal, url, observation, history, shot.hash if shot else None),
+            model_output=_model_output(_attr(info, "agent_info"), action),
+            action=action,
+            action_source="model",
+            action_valid=not action_error,
+            action_error=action_error or None,
+            rewards={**_ONLY_SUCCESS_KNOWN, "success": step_reward},
+            reward=step_reward,
+            state_hash=ids.state_hash(url or "", observation),
+            latency_ms=agent_ms,
+            env_ms=env_ms,
+            extra=json.dumps({"agisdk_step": n}),
+        ))
         history.append(action)
+    return steps
+
+
+def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
+    summary_path = folder / "summary_info.json"
+    summary = _read_json_file(summary_path)
+    if not isinstance(summary, dict):
+        raise ImportFormatError(f"{summary_path}:1: expected a JSON object")
+    match = _AGISDK_DIR.search(folder.name)
+    task_id = summary.get("task_name") or (match.group("task") if match else None)
+    if not task_id:
+        raise ImportFormatError(f"{summary_path}: no task_name, and the folder name does not say the task")
+    task_seed = int(match.group("seed")) if match else 0
+    finish_path = folder / "finish_state.json"
+    finish_state = _read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
+
+    goal_object = None
+    if (folder / "goal_object.pkl.gz").exists():
+        goal_object = _load_pickle_checked(folder / "goal_object.pkl.gz")
+    step_infos = _agisdk_step_infos(folder)
+    shots = _agisdk_screenshots(folder)
+    steps = _agisdk_steps(folder, step_infos, shots, goal_object)
+
+    success = bool(summary.get("success"))
+    cum_reward = float(summary.get("cum_reward") or 0.0)
+    err = summary.get("err_msg")
+    error = str(err).strip().splitlines()[-1] if err else None
     if not steps:
         # No step pickles: one step carrying the outcome, so the episode still counts.
         goal = _text(goal_object)
         answer = summary.get("agent_response") or None
-        steps.append({
-            "goal": goal,
-            **_prompt_fields(goal, "", "", [], None),
-            "model_output": answer,
-            "action": f"send_msg_to_user({json.dumps(answer)})" if answer else None,
-            "action_source": "model",
-            "action_valid": bool(answer),
-            "r_success": cum_reward,
-            "reward": cum_reward,
-        })
-    steps[-1]["cumulative_progress"] = 1.0 if success else None
-    steps[-1]["extra"] = json.dumps({
-        "agisdk": {"folder": folder.name, "run_uuid": summary.get("run_uuid"), "finish_state": finish_state,
-                   "agent_response": summary.get("agent_response"), "max_steps": summary.get("max_steps")},
-    }, default=str)
+        steps.append(_record(
+            str(summary_path), StepRecord,
+            step_idx=0,
+            goal=goal,
+            prompt=_prompt(goal, "", "", [], None),
+            model_output=answer,
+            action=f"send_msg_to_user({json.dumps(answer)})" if answer else None,
+            action_source="model",
+            action_valid=bool(answer),
+            rewards={**_ONLY_SUCCESS_KNOWN, "success": cum_reward},
+            reward=cum_reward,
+        ))
+    steps[-1] = steps[-1].replace(
+        cumulative_progress=1.0 if success else None,
+        extra=json.dumps({
+            "agisdk": {"folder": folder.name, "run_uuid": summary.get("run_uuid"), "finish_state": finish_state,
+                       "agent_response": summary.get("agent_response"), "max_steps": summary.get("max_steps")},
+        }, default=str),
+    )
     site, version = _site_and_version(task_id)
     run = run_id or _safe_run_id(f"agisdk-{summary.get('run_uuid') or folder.parent.name}")
     model = summary.get("model_name")
-    fields = {
-        "run_id": run, "env": "real", "task_id": task_id, "site": site, "task_version": version,
-        "mode": "agisdk", "policy": "agisdk", "model": None if model in (None, "unknown") else model,
-        "task_seed": task_seed, "success": success, "task_reward": cum_reward,
-        "raw_reward": float(summary.get("cum_raw_reward") or summary.get("score") or 0.0),
-        "n_steps": len(steps), "terminated": summary.get("terminated"), "truncated": summary.get("truncated"),
-        "error": error, "error_kind": "env" if error else None,
-    }
+    episode = _record(
+        str(summary_path), EpisodeRecord,
+        run_id=run, env="real", task_id=task_id, site=site, task_version=version,
+        mode="agisdk", policy="agisdk", model=None if model in (None, "unknown") else model,
+        task_seed=task_seed, success=success, task_reward=cum_reward,
+        raw_reward=float(summary.get("cum_raw_reward") or summary.get("score") or 0.0),
+        n_steps=len(steps), terminated=summary.get("terminated"), truncated=summary.get("truncated"),
+        error=error, error_kind="env" if error else None,
+    )
     run_fields = {"run_id": run, "kind": "rollout", "mode": "agisdk", "env": "real", "policy": "agisdk",
-                  "model": fields["model"], "task_version": version}
+                  "model": episode.model, "task_version": version}
     screenshots = list({s.hash: s for s in shots.values()}.values())
-    return ImportedEpisode(str(folder), fields, steps, screenshots, run_fields)
+    return ImportedEpisode(str(folder), episode, steps, screenshots, run_fields)
 
 
 def _read_json_file(path: Path) -> Any:
@@ -444,10 +478,11 @@ _START_KEYS = {"type", "task_id", "run_id", "run", "env", "site", "task_version"
                "worker_temperature", "temperature", "model", "policy", "policy_version", "mode", "goal", "started_at"}
 _STEP_KEYS = {"type", "step", "url", "goal", "axtree", "observation", "model_output", "output", "action",
               "action_error", "reward", "progress", "screenshot", "done", "success", "latency_ms", "prompt_tokens",
-              "completion_tokens", *REWARD_COMPONENT_FIELDS}
+              "completion_tokens", *S.REWARD_COLUMNS}
 
 
-def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
+def _jsonl_records(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]], dict[str, Any]]:
+    """The episode_start record, the step records with their line numbers, and the episode_end record ({} if none)."""
     start: dict[str, Any] | None = None
     end: dict[str, Any] = {}
     records: list[tuple[int, dict[str, Any]]] = []
@@ -483,15 +518,31 @@ def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
         raise ImportFormatError(f"{path}:1: empty file: expected an episode_start record")
     if not records:
         raise ImportFormatError(f"{path}:{start['_line']}: no step records")
+    return start, records, end
 
+
+def _jsonl_screenshot(record: dict[str, Any], where: str) -> Screenshot | None:
+    raw = record.get("screenshot")
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise ImportFormatError(f"{where}: screenshot must be a base64 string")
+    try:
+        data = base64.b64decode(raw.split(",", 1)[1] if raw.startswith("data:") else raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImportFormatError(f"{where}: screenshot is not valid base64") from None
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ImportFormatError(f"{where}: screenshot is not a PNG image")
+    return Screenshot.from_bytes(data)
+
+
+def _jsonl_step_fields(path: Path, start: dict[str, Any], records: list[tuple[int, dict[str, Any]]],
+                       screenshots: dict[str, Screenshot]) -> list[tuple[str, dict[str, Any]]]:
+    """(FILE:LINE, StepRecord fields) of each step record; ``extra`` is left a dict of the unknown keys."""
     where0 = f"{path}:{start['_line']}"
-    task_id = start["task_id"]
-    site, version = _site_and_version(task_id)
-    steps: list[dict[str, Any]] = []
-    screenshots: dict[str, Screenshot] = {}
+    steps: list[tuple[str, dict[str, Any]]] = []
     history: list[str] = []
     previous_progress = 0.0
-    last_record: dict[str, Any] = {}
     for expected_idx, (lineno, record) in enumerate(records):
         where = f"{path}:{lineno}"
         idx = _number(record, "step", where, int)
@@ -505,94 +556,100 @@ def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
         action = _string(record, "action", where)
         output = _string(record, "model_output", where) or _string(record, "output", where) or action
         action_error = _string(record, "action_error", where)
-        shot = None
-        if record.get("screenshot") is not None:
-            raw = record["screenshot"]
-            if not isinstance(raw, str):
-                raise ImportFormatError(f"{where}: screenshot must be a base64 string")
-            try:
-                data = base64.b64decode(raw.split(",", 1)[1] if raw.startswith("data:") else raw, validate=True)
-            except (binascii.Error, ValueError):
-                raise ImportFormatError(f"{where}: screenshot is not valid base64") from None
-            if data[:8] != b"\x89PNG\r\n\x1a\n":
-                raise ImportFormatError(f"{where}: screenshot is not a PNG image")
-            shot = Screenshot.from_bytes(data)
+        shot = _jsonl_screenshot(record, where)
+        if shot:
             screenshots[shot.hash] = shot
         progress = _number(record, "progress", where)
-        components = {k: _number(record, k, where) for k in REWARD_COMPONENT_FIELDS}
-        if components["r_progress"] is None and progress is not None:
-            components["r_progress"] = progress - previous_progress
+        rewards = {c: _number(record, S.reward_column(c), where) for c in S.REWARD_COMPONENTS}
+        if rewards["progress"] is None and progress is not None:
+            rewards["progress"] = progress - previous_progress
         if progress is not None:
             previous_progress = progress
-        extra = {k: v for k, v in record.items() if k not in _STEP_KEYS}
-        steps.append({
+        steps.append((where, {
+            "step_idx": idx,
             "url": url or None,
             "goal": goal or None,
             "observation": observation or None,
             "screenshot_hash": shot.hash if shot else None,
-            **_prompt_fields(goal, url, observation, history, shot.hash if shot else None),
+            "prompt": _prompt(goal, url, observation, history, shot.hash if shot else None),
             "model_output": output,
             "action": action,
             "action_source": "model",
             "action_valid": bool(action) and not action_error,
             "action_error": action_error,
-            **components,
+            "rewards": rewards,
             "reward": _number(record, "reward", where),
             "cumulative_progress": progress,
             "state_hash": ids.state_hash(url, observation),
             "latency_ms": _number(record, "latency_ms", where),
             "prompt_tokens": _number(record, "prompt_tokens", where, int),
             "completion_tokens": _number(record, "completion_tokens", where, int),
-            "extra": json.dumps(extra) if extra else None,
-        })
+            "extra": {k: v for k, v in record.items() if k not in _STEP_KEYS},
+        }))
         if action:
             history.append(action)
-        last_record = record
+    return steps
 
+
+def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
+    start, records, end = _jsonl_records(path)
+    screenshots: dict[str, Screenshot] = {}
+    step_fields = _jsonl_step_fields(path, start, records, screenshots)
+    where0 = f"{path}:{start['_line']}"
+    end_where = f"{path}:{end.get('_line', '?')}"
+    task_id = start["task_id"]
+    site, version = _site_and_version(task_id)
+    last_record = records[-1][1]
     if "success" in end:
         success = bool(end["success"])
     elif "success" in last_record:
         success = bool(last_record["success"])
     else:
         success = bool(last_record.get("done")) and (_number(last_record, "reward", where0) or 0) > 0
-    task_reward = _number(end, "reward", f"{path}:{end.get('_line', '?')}") if end else None
+    task_reward = _number(end, "reward", end_where) if end else None
     if task_reward is None:
         task_reward = 1.0 if success else 0.0
-    if steps[-1]["r_success"] is None:
-        steps[-1]["r_success"] = task_reward
-    for s in steps[:-1]:
-        s["r_success"] = s["r_success"] or 0.0
-    if success and steps[-1]["cumulative_progress"] is None:
-        steps[-1]["cumulative_progress"] = 1.0
+    unknown_start = {k: v for k, v in start.items() if k not in _START_KEYS and k != "_line"}
+    steps = []
+    for i, (where, fields) in enumerate(step_fields):
+        last = i == len(step_fields) - 1
+        if fields["rewards"]["success"] is None:
+            fields["rewards"]["success"] = task_reward if last else 0.0
+        if last and success and fields["cumulative_progress"] is None:
+            fields["cumulative_progress"] = 1.0
+        extra = fields["extra"]
+        if i == 0 and unknown_start:
+            fields["extra"] = json.dumps({**extra, "episode_start": unknown_start}, default=str)
+        else:
+            fields["extra"] = json.dumps(extra) if extra else None
+        steps.append(_record(where, StepRecord, **fields))
     run = run_id or _string(start, "run_id", where0) or _string(start, "run", where0)
     run = _safe_run_id(run) if run else _safe_run_id(f"import-{path.parent.name}")
     temperature = _number(start, "worker_temperature", where0)
     if temperature is None:
         temperature = _number(start, "temperature", where0)
     env = _string(start, "env", where0) or ("miniwob" if task_id.startswith("miniwob.") else "real")
-    fields = {
-        "run_id": run, "env": env, "task_id": task_id, "site": _string(start, "site", where0) or site,
-        "task_version": _string(start, "task_version", where0) or version,
-        "mode": _string(start, "mode", where0) or "imported",
-        "policy": _string(start, "policy", where0), "model": _string(start, "model", where0),
-        "policy_version": _string(start, "policy_version", where0),
-        "task_seed": _number(start, "task_seed", where0, int) or 0,
-        "attempt_idx": _number(start, "attempt_idx", where0, int),
-        "seed": _number(start, "seed", where0, int), "temperature": temperature,
-        "success": success, "task_reward": task_reward, "n_steps": len(steps),
-        "terminated": bool(last_record.get("done")) or success, "truncated": False,
-        "error": _string(end, "error", f"{path}:{end.get('_line', '?')}") if end else None,
-        "started_at": _timestamp(start.get("started_at"), where0),
-        "ended_at": _timestamp(end.get("ended_at"), f"{path}:{end.get('_line', '?')}") if end else None,
-    }
-    fields["error_kind"] = "env" if fields["error"] else None
-    unknown_start = {k: v for k, v in start.items() if k not in _START_KEYS and k != "_line"}
-    if unknown_start:
-        first = json.loads(steps[0]["extra"]) if steps[0]["extra"] else {}
-        steps[0]["extra"] = json.dumps({**first, "episode_start": unknown_start}, default=str)
-    run_fields = {"run_id": run, "kind": "rollout", "mode": fields["mode"], "env": env, "policy": fields["policy"],
-                  "model": fields["model"], "policy_version": fields["policy_version"]}
-    return ImportedEpisode(str(path), fields, steps, list(screenshots.values()), run_fields)
+    error = _string(end, "error", end_where) if end else None
+    attempt_idx = _number(start, "attempt_idx", where0, int)
+    episode = _record(
+        where0, EpisodeRecord,
+        run_id=run, env=env, task_id=task_id, site=_string(start, "site", where0) or site,
+        task_version=_string(start, "task_version", where0) or version,
+        mode=_string(start, "mode", where0) or "imported",
+        policy=_string(start, "policy", where0), model=_string(start, "model", where0),
+        policy_version=_string(start, "policy_version", where0),
+        task_seed=_number(start, "task_seed", where0, int) or 0,
+        attempt_idx=attempt_idx or 0,
+        seed=_number(start, "seed", where0, int), temperature=temperature,
+        success=success, task_reward=task_reward, n_steps=len(steps),
+        terminated=bool(last_record.get("done")) or success, truncated=False,
+        error=error, error_kind="env" if error else None,
+        started_at=_timestamp(start.get("started_at"), where0),
+        ended_at=_timestamp(end.get("ended_at"), end_where) if end else None,
+    )
+    run_fields = {"run_id": run, "kind": "rollout", "mode": episode.mode, "env": env, "policy": episode.policy,
+                  "model": episode.model, "policy_version": episode.policy_version}
+    return ImportedEpisode(str(path), episode, steps, list(screenshots.values()), run_fields, attempt_given=attempt_idx is not None)
 
 
 # ---------------------------------------------------------------------- the import
@@ -626,20 +683,19 @@ def import_sources(lake: Lake, sources: list[str | Path], run_id: str | None = N
     try:
         for episode in iter_episodes(found, run_id, report.failures):
             bar.update(1)
-            fields = episode.fields
-            key = (fields["run_id"], fields["task_id"], int(fields["task_seed"] or 0))
-            if fields.get("attempt_idx") is None:
+            record = episode.episode
+            key = (record.run_id, record.task_id, record.task_seed)
+            if not episode.attempt_given:
                 # Sources are sorted, so re-importing gives each episode the same attempt (and id) again.
-                fields["attempt_idx"] = attempts.get(key, 0)
-            attempts[key] = max(attempts.get(key, 0), int(fields["attempt_idx"]) + 1)
-            eid = ids.episode_id(fields["run_id"], fields["task_id"], int(fields["task_seed"] or 0), int(fields["attempt_idx"]))
-            if fields["run_id"] not in existing:
-                existing[fields["run_id"]] = lake.episode_ids(fields["run_id"])
-            if eid in existing[fields["run_id"]] or eid in writer.pending_episodes:
+                record = record.replace(attempt_idx=attempts.get(key, 0))
+            attempts[key] = max(attempts.get(key, 0), record.attempt_idx + 1)
+            if record.run_id not in existing:
+                existing[record.run_id] = lake.episode_ids(record.run_id)
+            if record.episode_id in existing[record.run_id] or record.episode_id in writer.pending_episodes:
                 report.skipped += 1
                 continue
-            runs.setdefault(fields["run_id"], episode.run_fields)
-            writer.write_episode(fields, episode.steps, episode.screenshots)
+            runs.setdefault(record.run_id, episode.run_fields)
+            writer.write_episode(record, episode.steps, episode.screenshots)
             report.episodes += 1
             report.steps += len(episode.steps)
         writer.close()

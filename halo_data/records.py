@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
 import json
+import operator
 from typing import Any, Mapping, Sequence
 
 from halo_data import ids, prompts
@@ -34,11 +36,12 @@ from halo_data.config import RewardWeights
 from halo_data.lake import LakeError
 
 
-class RecordError(LakeError, TypeError):
-    """A step or episode record with a missing, unknown or mistyped field."""
+class RecordError(LakeError, TypeError, ValueError):
+    """A step or episode record with a missing, unknown, mistyped or invalid field.
 
-
-_PY_TYPES: dict[str, tuple[type, ...]] = {}
+    A TypeError for the fields of the wrong type, a ValueError for the invalid ones
+    (a run id that cannot be a folder name), a LakeError for the CLIs.
+    """
 
 
 def _python_types(arrow_type) -> tuple[type, ...]:
@@ -59,41 +62,100 @@ def _python_types(arrow_type) -> tuple[type, ...]:
     raise TypeError(f"no Python type for {arrow_type}")
 
 
-for _c in S.STEPS.columns:
-    _PY_TYPES[_c.name] = _python_types(_c.type)
+_PY_TYPES: dict[str, tuple[type, ...]] = {c.name: _python_types(c.type) for c in S.STEPS.columns}
 
 
-def _check(kind: str, name: str, value: Any) -> Any:
-    """``value`` as stored in column ``name``, or a RecordError naming the field."""
+def _check(kind: str, name: str, value: Any, label: str | None = None) -> Any:
+    """``value`` as stored in column ``name``, or a RecordError naming the field (``label``, else ``name``)."""
     if value is None:
         return None
+    label = label or repr(name)
     types = _PY_TYPES[name]
     if isinstance(value, bool) and bool not in types:
-        raise RecordError(f"{kind} field {name!r} must be {types[-1].__name__}, got bool {value!r}")
+        raise RecordError(f"{kind} field {label} must be {types[-1].__name__}, got bool {value!r}")
     if not isinstance(value, types):
-        raise RecordError(f"{kind} field {name!r} must be {types[-1].__name__}, got {type(value).__name__} {value!r:.80}")
+        raise RecordError(f"{kind} field {label} must be {types[-1].__name__}, got {type(value).__name__} {value!r:.80}")
     if types == (int, float):
         value = float(value)
         if value != value:
-            raise RecordError(f"{kind} field {name!r} is NaN")
+            raise RecordError(f"{kind} field {label} is NaN")
     elif name == "logprobs":
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise RecordError(f"{kind} field 'logprobs' must be a list of numbers")
         value = [float(v) for v in value]
     elif isinstance(value, dt.datetime) and value.tzinfo is None:
-        raise RecordError(f"{kind} field {name!r} must be timezone-aware (UTC)")
+        raise RecordError(f"{kind} field {label} must be timezone-aware (UTC)")
     return value
 
 
-def _check_fields(kind: str, record: Any, names: Sequence[str]) -> None:
-    for name in names:
-        value = getattr(record, name)
-        checked = _check(kind, name, value)
-        if checked is not value:
-            object.__setattr__(record, name, checked)
+def _fast_types(names: Sequence[str]) -> tuple[tuple[str, type | None], ...]:
+    """(field, the one type a value may have to skip ``_check``): most values are already of it."""
+    exact = {(str,): str, (bool,): bool, (int,): int, (int, float): float, (dt.datetime,): dt.datetime}
+    return tuple((name, exact.get(_PY_TYPES[name])) for name in names)
+
+
+def _check_fields(kind: str, record: Any, fields: tuple[tuple[str, type | None], ...]) -> None:
+    """Check (and convert, e.g. int to float) each field; the common exact-type case costs one comparison."""
+    values = record.__dict__  # a frozen dataclass: converted values are stored past its __setattr__
+    for name, exact in fields:
+        value = values[name]
+        if value is None:
+            continue
+        if type(value) is exact:
+            if exact is float:
+                if value == value:  # NaN goes on to _check, which names it
+                    continue
+            elif exact is dt.datetime:
+                if value.tzinfo is not None:
+                    continue
+            else:
+                continue
+        values[name] = _check(kind, name, value)
+
+
+def _keyword_fields(kind: str):
+    """Give the dataclass an ``__init__`` that refuses an unknown or missing field with a RecordError naming it.
+
+    The generated ``__init__`` would raise a bare TypeError ("unexpected keyword argument")
+    that says nothing of which record or column is meant, and a frozen dataclass sets each
+    field through ``object.__setattr__``: filling ``__dict__`` at once is about twice as fast,
+    which counts for producers that build a million steps.
+    """
+
+    def wrap(cls):
+        fields = dataclasses.fields(cls)
+        names = frozenset(f.name for f in fields)
+        required = tuple(f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+        factories = tuple((f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING)
+        post_init = cls.__post_init__
+
+        def __init__(self, *args: Any, **values: Any) -> None:
+            if args:
+                raise RecordError(f"{kind} fields are keyword-only: {cls.__name__}(name=value, ...)")
+            if not names.issuperset(values):
+                raise RecordError(f"unknown {kind} field(s): {', '.join(sorted(set(values) - names))}")
+            for name in required:
+                if name not in values:
+                    raise RecordError(f"{kind} field {name!r} is required")
+            state = self.__dict__
+            state.update(defaults)
+            for name, factory in factories:
+                if name not in values:
+                    state[name] = factory()
+            state.update(values)
+            post_init(self)
+
+        __init__.__doc__ = cls.__init__.__doc__
+        __init__.__signature__ = inspect.signature(cls.__init__)
+        cls.__init__ = __init__
+        return cls
+
+    return wrap
 
 
 # ------------------------------------------------------------------------------------- episode
+@_keyword_fields("episode")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EpisodeRecord:
     """The fields of one episode; the writer repeats them on each of its steps."""
@@ -129,7 +191,10 @@ class EpisodeRecord:
         for name in ("run_id", "env", "task_id"):
             if not getattr(self, name):
                 raise RecordError(f"episode field {name!r} is required")
-        _check_fields("episode", self, _EPISODE_FIELDS)
+        for name in ("task_seed", "attempt_idx"):
+            if getattr(self, name) is None:
+                raise RecordError(f"episode field {name!r} is required (it is part of the episode id)")
+        _check_fields("episode", self, _EPISODE_CHECKED)
         try:
             ids.check_run_id(self.run_id)
         except ValueError as e:
@@ -143,20 +208,21 @@ class EpisodeRecord:
             )
 
     def row(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _EPISODE_FIELDS}
+        return dict(zip(_EPISODE_FIELDS, _episode_values(self.__dict__)))
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "EpisodeRecord":
-        unknown = set(row) - set(_EPISODE_FIELDS)
-        if unknown:
-            raise RecordError(f"unknown episode field(s): {', '.join(sorted(unknown))}")
         return cls(**row)
 
     def replace(self, **changes: Any) -> "EpisodeRecord":
+        """A copy with ``changes``; the episode id is derived again when a field it comes from changes."""
+        if "episode_id" not in changes and not _EPISODE_ID_FROM.isdisjoint(changes):
+            changes["episode_id"] = None
         return dataclasses.replace(self, **changes)
 
 
 # ---------------------------------------------------------------------------------------- step
+@_keyword_fields("step")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepRecord:
     """One agent step. ``row()`` gives the step's columns of ``steps``, derived ones included."""
@@ -190,41 +256,61 @@ class StepRecord:
     extra: Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
-        if self.step_idx is None or isinstance(self.step_idx, bool) or not isinstance(self.step_idx, int) or self.step_idx < 0:
-            raise RecordError(f"step field 'step_idx' must be an int >= 0, got {self.step_idx!r}")
+        values = self.__dict__
+        step_idx = values["step_idx"]
+        if type(step_idx) is not int or step_idx < 0:
+            raise RecordError(f"step field 'step_idx' must be an int >= 0, got {step_idx!r}")
         _check_fields("step", self, _STEP_CHECKED)
-        unknown = set(self.rewards) - set(S.REWARD_COMPONENTS)
-        if unknown:
-            raise RecordError(
-                f"step field 'rewards' has unknown component(s) {', '.join(sorted(unknown))}; components are {', '.join(S.REWARD_COMPONENTS)}"
-            )
-        for name, value in self.rewards.items():
-            _check("step", f"r_{name}", value)
-        if self.extra is not None and not isinstance(self.extra, (str, Mapping)):
-            raise RecordError(f"step field 'extra' must be a mapping or a JSON string, got {type(self.extra).__name__}")
+        rewards = values["rewards"]
+        if not isinstance(rewards, Mapping):
+            raise RecordError(f"step field 'rewards' must be a mapping of component to number, got {type(rewards).__name__}")
+        values["rewards"] = rewards = dict(rewards)  # the record keeps its own copy: no change behind its back
+        if not _COMPONENTS.issuperset(rewards):
+            unknown = ", ".join(sorted(set(rewards) - _COMPONENTS))
+            raise RecordError(f"step field 'rewards' has unknown component(s) {unknown}; components are {', '.join(S.REWARD_COMPONENTS)}")
+        for name, value in rewards.items():
+            if value is not None and (type(value) is not float or value != value):
+                _check("step", _REWARD_COLUMN[name], value, f"'rewards' component {name!r}")
+        _check_weights(values["weights"])
+        extra = values["extra"]
+        if extra is not None and not isinstance(extra, (str, Mapping)):
+            raise RecordError(f"step field 'extra' must be a mapping or a JSON string, got {type(extra).__name__}")
 
     def components(self) -> dict[str, float | None]:
         """Every reward component: a left-out one is 0, an unknown (None) one stays None."""
-        return {c: (None if (v := self.rewards.get(c, 0.0)) is None else float(v)) for c in S.REWARD_COMPONENTS}
+        rewards = self.rewards
+        return {c: (None if (v := rewards.get(c, 0.0)) is None else float(v)) for c in S.REWARD_COMPONENTS}
+
+    def weighted_reward(self) -> float | None:
+        """``reward`` as given, else the components' weighted sum under ``weights`` (None without weights)."""
+        weights = _weights(self.weights)
+        return _reward(self.reward, self.components(), weights[0] if weights else None)
 
     def row(self) -> dict[str, Any]:
-        row = {name: getattr(self, name) for name in _STEP_PLAIN}
+        """Every step column of ``steps`` (those of the episode aside), derived ones included."""
+        values = self.__dict__
+        row = dict(zip(_STEP_PLAIN, _step_values(values)))
         components = self.components()
         for c, v in components.items():
-            row[f"r_{c}"] = v
-        weights = _weights(self.weights)
-        if weights is not None:
-            row["reward_weights"] = json.dumps(weights, sort_keys=True)
-            if self.reward is None:
-                row["reward"] = sum((v or 0.0) * weights[c] for c, v in components.items())
-        if self.prompt is not None:
-            row["prompt_hash"] = ids.sha256_hex(self.prompt)
-            row["prompt_version"] = self.prompt_version or prompts.PROMPT_VERSION
+            row[_REWARD_COLUMN[c]] = v
+        weights = _weights(values["weights"])
+        if weights is None:
+            row["reward_weights"] = None
+        else:
+            row["reward_weights"] = weights[1]
+            row["reward"] = _reward(values["reward"], components, weights[0])
+        prompt = values["prompt"]
+        if prompt is None:
+            row["prompt_hash"] = None
+        else:
+            row["prompt_hash"] = ids.sha256_hex(prompt)
+            row["prompt_version"] = values["prompt_version"] or prompts.PROMPT_VERSION
         row["state_hash_version"] = S.STATE_HASH_VERSION
-        if isinstance(self.extra, Mapping):
-            row["extra"] = json.dumps(self.extra, sort_keys=True, default=str)
-        if self.logprobs is not None:
-            row["logprobs"] = list(self.logprobs)
+        extra = values["extra"]
+        if extra is not None and not isinstance(extra, str):
+            row["extra"] = json.dumps(extra, sort_keys=True, default=str)
+        if values["logprobs"] is not None:
+            row["logprobs"] = list(values["logprobs"])
         return row
 
     def replace(self, **changes: Any) -> "StepRecord":
@@ -234,42 +320,81 @@ class StepRecord:
     def from_row(cls, row: Mapping[str, Any]) -> "StepRecord":
         """A record from a row of ``steps`` (``r_*`` columns, ``reward_weights`` JSON); derived columns are recomputed."""
         fields = {k: v for k, v in row.items() if k not in _STEP_DERIVED}
-        unknown = set(fields) - _STEP_FIELDS
-        if unknown:
-            raise RecordError(f"unknown step field(s): {', '.join(sorted(unknown))}")
-        fields.setdefault("rewards", {c: row.get(f"r_{c}") for c in S.REWARD_COMPONENTS if f"r_{c}" in row})
+        fields.setdefault("rewards", {c: row[col] for c, col in _REWARD_COLUMN.items() if col in row})
         if row.get("reward_weights") and fields.get("weights") is None:
             fields["weights"] = json.loads(row["reward_weights"])
         return cls(**fields)
 
 
-def _weights(weights: RewardWeights | Mapping[str, float] | None) -> dict[str, float] | None:
+# ------------------------------------------------------------------------------- derived columns
+def _reward(given: float | None, components: Mapping[str, float | None], weights: Mapping[str, float] | None) -> float | None:
+    if given is not None or weights is None:
+        return given
+    return sum((v or 0.0) * weights[c] for c, v in components.items())
+
+
+def _check_weights(weights: Any) -> None:
+    if weights is None or isinstance(weights, RewardWeights):
+        return
+    if not isinstance(weights, Mapping):
+        raise RecordError(f"step field 'weights' must be RewardWeights or a mapping of component to number, got {type(weights).__name__}")
+    if not _COMPONENTS.issuperset(weights):
+        raise RecordError(f"step field 'weights' has unknown component(s) {', '.join(sorted(set(weights) - _COMPONENTS))}")
+    for name, value in weights.items():
+        label = f"'weights' component {name!r}"
+        if value is None:
+            raise RecordError(f"step field {label} must be float, got NoneType")
+        _check("step", _REWARD_COLUMN[name], value, label)
+
+
+_WEIGHTS_JSON: dict[tuple[float, ...], str] = {}
+
+
+def _weights(weights: RewardWeights | Mapping[str, float] | None) -> tuple[dict[str, float], str] | None:
+    """The weights by component, and their JSON (cached: producers pass the same weights for every step)."""
     if weights is None:
         return None
-    if isinstance(weights, RewardWeights):
-        return weights.as_dict()
-    return RewardWeights(**weights).as_dict()
+    by_component = (weights if isinstance(weights, RewardWeights) else RewardWeights(**weights)).as_dict()
+    key = tuple(by_component.values())
+    text = _WEIGHTS_JSON.get(key)
+    if text is None:
+        if len(_WEIGHTS_JSON) > 256:
+            _WEIGHTS_JSON.clear()
+        text = _WEIGHTS_JSON[key] = json.dumps(by_component, sort_keys=True)
+    return by_component, text
 
 
 _EPISODE_FIELDS: tuple[str, ...] = S.EPISODE_COLUMNS
+_EPISODE_CHECKED = _fast_types(_EPISODE_FIELDS)
+_EPISODE_ID_FROM = frozenset({"run_id", "task_id", "task_seed", "attempt_idx"})
+_episode_values = operator.itemgetter(*_EPISODE_FIELDS)
+_COMPONENTS = frozenset(S.REWARD_COMPONENTS)
+_REWARD_COLUMN = {c: S.reward_column(c) for c in S.REWARD_COMPONENTS}
 # Columns the record derives rather than takes.
-_STEP_DERIVED = {f"r_{c}" for c in S.REWARD_COMPONENTS} | {"prompt_hash", "state_hash_version", "reward_weights"}
+_STEP_DERIVED = frozenset(S.REWARD_COLUMNS) | {"prompt_hash", "state_hash_version", "reward_weights"}
 _STEP_PLAIN: tuple[str, ...] = tuple(
     c for c in S.STEPS.column_names if c not in S.EPISODE_COLUMNS and c not in _STEP_DERIVED
 )
-_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord))
-_STEP_CHECKED: tuple[str, ...] = tuple(c for c in _STEP_PLAIN if c not in ("step_idx", "extra"))
+_step_values = operator.itemgetter(*_STEP_PLAIN)
+_STEP_CHECKED = _fast_types(tuple(c for c in _STEP_PLAIN if c not in ("step_idx", "extra")))
 
 
-def _check_in_sync() -> None:
-    """The records and ``schema.STEPS`` name the same columns; a column added to one but not the other fails at import."""
-    episode = {f.name for f in dataclasses.fields(EpisodeRecord)}
-    step = {f.name for f in dataclasses.fields(StepRecord)} - {"rewards", "weights"}
-    if episode != set(S.EPISODE_COLUMNS):
-        raise RuntimeError(f"EpisodeRecord and schema.STEPS differ: {sorted(episode ^ set(S.EPISODE_COLUMNS))}")
-    columns = set(S.STEPS.column_names) - set(S.EPISODE_COLUMNS) - _STEP_DERIVED
-    if step != columns:
-        raise RuntimeError(f"StepRecord and schema.STEPS differ: {sorted(step ^ columns)}")
+def check_in_sync(spec: S.TableSpec = S.STEPS, episode: type = EpisodeRecord, step: type = StepRecord) -> None:
+    """Raise RecordError naming the columns where the records and ``spec`` (``schema.STEPS``) differ.
+
+    Run at import, so a column added to the schema but not to a record (or the other way)
+    fails at once rather than writing NULLs.
+    """
+    names = [c.name for c in spec.columns]
+    episode_columns = set(names[: names.index("step_idx")]) if "step_idx" in names else set()
+    episode_fields = {f.name for f in dataclasses.fields(episode)}
+    step_fields = {f.name for f in dataclasses.fields(step)} - {"rewards", "weights"}
+    step_columns = set(names) - episode_columns - _STEP_DERIVED
+    for record, fields, columns in (("EpisodeRecord", episode_fields, episode_columns), ("StepRecord", step_fields, step_columns)):
+        if fields != columns:
+            drift = [f"{c} (only in the record)" for c in sorted(fields - columns)]
+            drift += [f"{c} (only in {spec.name})" for c in sorted(columns - fields)]
+            raise RecordError(f"{record} and schema {spec.name} differ: {', '.join(drift)}")
 
 
-_check_in_sync()
+check_in_sync()

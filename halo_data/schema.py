@@ -58,6 +58,26 @@ def C(name: str, type_: pa.DataType, doc: str) -> Column:
     return Column(name, type_, doc)
 
 
+# Reward components stored raw on each step, in column ``r_<name>`` of ``steps``; the shaped
+# reward is their weighted sum. The one declaration of the components: everything else derives from it.
+_REWARD_COMPONENT_DOCS = {
+    "progress": "Dense progress reward component.",
+    "novelty": "Novelty bonus component (new state).",
+    "loop": "Loop penalty component (repeated action/state), <= 0.",
+    "validity": "Validity shaping component.",
+    "success": "Success component: the environment's reward on the final step.",
+}
+REWARD_COMPONENTS: tuple[str, ...] = tuple(_REWARD_COMPONENT_DOCS)
+
+
+def reward_column(component: str) -> str:
+    """The ``steps`` column of a reward component: ``progress`` -> ``r_progress``."""
+    return f"r_{component}"
+
+
+REWARD_COLUMNS: tuple[str, ...] = tuple(reward_column(c) for c in REWARD_COMPONENTS)
+
+
 RUNS = TableSpec(
     name="runs",
     doc="One row per run (rollout, eval or training). Upserted by run_id: a resumed run keeps its row.",
@@ -139,11 +159,7 @@ STEPS = TableSpec(
         C("action_valid", pa.bool_(), "The action parsed and executed without error."),
         C("parse_error", pa.string(), "Why the model output did not parse, if it did not."),
         C("action_error", pa.string(), "Error the browser raised executing the action."),
-        C("r_progress", pa.float64(), "Dense progress reward component."),
-        C("r_novelty", pa.float64(), "Novelty bonus component (new state)."),
-        C("r_loop", pa.float64(), "Loop penalty component (repeated action/state), <= 0."),
-        C("r_validity", pa.float64(), "Validity shaping component."),
-        C("r_success", pa.float64(), "Success component: the environment's reward on the final step."),
+        *(C(reward_column(name), pa.float64(), doc) for name, doc in _REWARD_COMPONENT_DOCS.items()),
         C("reward", pa.float64(), "Weighted sum of the components with the weights at collection time."),
         C("reward_weights", pa.string(), "JSON of the weights used for `reward`."),
         C("cumulative_progress", pa.float64(), "Progress reached so far in the episode (0..1)."),
@@ -246,6 +262,3 @@ TABLES: dict[str, TableSpec] = {
 EPISODE_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in STEPS.columns[: [c.name for c in STEPS.columns].index("step_idx")]
 )
-
-# Reward components stored raw on each step; the shaped reward is their weighted sum.
-REWARD_COMPONENTS: tuple[str, ...] = ("progress", "novelty", "loop", "validity", "success")

@@ -22,10 +22,10 @@ import struct
 import zlib
 from typing import Iterator
 
-
 from halo_data import ids, prompts
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
+from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.writer import EpisodeWriter, Screenshot
 
 SITES = {
@@ -59,8 +59,8 @@ class SyntheticSpec:
 
 @dataclasses.dataclass
 class SyntheticEpisode:
-    episode: dict
-    steps: list[dict]
+    episode: EpisodeRecord
+    steps: list[StepRecord]
     screenshots: list[Screenshot]
 
 
@@ -130,7 +130,6 @@ def generate_episodes(spec: SyntheticSpec) -> Iterator[SyntheticEpisode]:
     """Episodes until ``spec.n_steps`` steps have been produced (the last episode may be cut short)."""
     rng = random.Random(spec.seed)
     weights = RewardWeights()
-    weights_json = json.dumps(weights.as_dict(), sort_keys=True)
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     produced = 0
     task_idx = 0
@@ -144,34 +143,29 @@ def generate_episodes(spec: SyntheticSpec) -> Iterator[SyntheticEpisode]:
             n = min(rng.randrange(spec.min_steps, spec.max_steps + 1), spec.n_steps - produced)
             success = rng.random() < 0.35
             started = t0 + dt.timedelta(seconds=produced)
-            episode = {
-                "run_id": spec.run_id,
-                "env": "miniwob" if task.site == "miniwob" else "real",
-                "task_id": task.task_id,
-                "site": task.site,
-                "task_version": None if task.site == "miniwob" else "v2",
-                "split": "train",
-                "mode": "random",
-                "policy": "random",
-                "model": None,
-                "adapter": None,
-                "policy_version": "v0",
-                "attempt_idx": attempt,
-                "seed": spec.seed,
-                "task_seed": task_seed,
-                "temperature": 1.0,
-                "success": success,
-                "task_reward": 1.0 if success else 0.0,
-                "raw_reward": 1.0 if success else rng.choice([0.0, -1.0]),
-                "n_steps": n,
-                "terminated": success,
-                "truncated": not success,
-                "error": None,
-                "error_kind": None,
-                "started_at": started,
-                "ended_at": started + dt.timedelta(seconds=n),
-            }
-            episode["episode_id"] = ids.episode_id(spec.run_id, task.task_id, task_seed, attempt)
+            episode = EpisodeRecord(
+                run_id=spec.run_id,
+                env="miniwob" if task.site == "miniwob" else "real",
+                task_id=task.task_id,
+                site=task.site,
+                task_version=None if task.site == "miniwob" else "v2",
+                split="train",
+                mode="random",
+                policy="random",
+                policy_version="v0",
+                attempt_idx=attempt,
+                seed=spec.seed,
+                task_seed=task_seed,
+                temperature=1.0,
+                success=success,
+                task_reward=1.0 if success else 0.0,
+                raw_reward=1.0 if success else rng.choice([0.0, -1.0]),
+                n_steps=n,
+                terminated=success,
+                truncated=not success,
+                started_at=started,
+                ended_at=started + dt.timedelta(seconds=n),
+            )
             steps = []
             history: list[str] = []
             progress = 0.0
@@ -197,31 +191,24 @@ def generate_episodes(spec: SyntheticSpec) -> Iterator[SyntheticEpisode]:
                 }
                 seen.add(shash)
                 steps.append(
-                    {
-                        "step_idx": i,
-                        "url": url,
-                        "goal": task.goal,
-                        "observation": axtree,
-                        "screenshot_hash": shot_hash,
-                        "prompt": prompt,
-                        "prompt_version": prompts.PROMPT_VERSION,
-                        "prompt_hash": ids.sha256_hex(prompt),
-                        "model_output": action,
-                        "action": action,
-                        "action_source": "random",
-                        "action_valid": True,
-                        "r_progress": components["progress"],
-                        "r_novelty": components["novelty"],
-                        "r_loop": components["loop"],
-                        "r_validity": components["validity"],
-                        "r_success": components["success"],
-                        "reward": weights.shaped(components),
-                        "reward_weights": weights_json,
-                        "cumulative_progress": 1.0 if (success and i == n - 1) else progress,
-                        "state_hash": shash,
-                        "latency_ms": 0.0,
-                        "env_ms": 25.0,
-                    }
+                    StepRecord(
+                        step_idx=i,
+                        url=url,
+                        goal=task.goal,
+                        observation=axtree,
+                        screenshot_hash=shot_hash,
+                        prompt=prompt,
+                        model_output=action,
+                        action=action,
+                        action_source="random",
+                        action_valid=True,
+                        rewards=components,
+                        weights=weights,
+                        cumulative_progress=1.0 if (success and i == n - 1) else progress,
+                        state_hash=shash,
+                        latency_ms=0.0,
+                        env_ms=25.0,
+                    )
                 )
                 history.append(action)
             produced += n

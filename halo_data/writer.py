@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import operator
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 
 
 _STEP_ONLY_COLUMNS = tuple(c for c in S.STEPS.column_names if c not in S.EPISODE_COLUMNS)
+_step_values = operator.itemgetter(*_STEP_ONLY_COLUMNS)
+
+
+def _step_from_mapping(step: Mapping[str, Any], position: int) -> StepRecord:
+    # A mapping may leave step_idx out, as writers before the records did: its position says it.
+    return StepRecord.from_row(step if "step_idx" in step else {**step, "step_idx": position})
 
 
 class LakeWriteError(LakeError):
@@ -113,7 +120,8 @@ class EpisodeWriter:
         """Buffer one finished episode; returns its id. May flush.
 
         ``episode`` and ``steps`` are records (``halo_data.records``); a plain mapping is
-        built into one first, so its fields are checked the same way.
+        built into one first, so its fields are checked the same way (a step mapping
+        without ``step_idx`` takes its position).
         """
         if not isinstance(episode, EpisodeRecord):
             episode = EpisodeRecord.from_row(episode)
@@ -122,20 +130,21 @@ class EpisodeWriter:
             raise LakeError(f"episode {eid} has no steps: record at least the step on which it failed")
         if eid in self._episodes:
             raise LakeError(f"episode {eid} is already buffered")
-        rows = [(s if isinstance(s, StepRecord) else StepRecord.from_row(s)).row() for s in steps]
+        rows = [(s if isinstance(s, StepRecord) else _step_from_mapping(s, i)).row() for i, s in enumerate(steps)]
         n = len(rows)
         fields = episode.row()
         if fields["n_steps"] is None:
             fields["n_steps"] = n
-        # Column by column, not row by row: this loop is most of a writer's Python cost per step.
+        # Column by column, not row by row: this loop is most of a writer's Python cost per step
+        # (a record's row has every step column, so itemgetter and zip transpose them in C).
         cols = self._columns
         for c in S.EPISODE_COLUMNS:
             cols[c].extend([fields[c]] * n)
-        for c in _STEP_ONLY_COLUMNS:
+        for c, values in zip(_STEP_ONLY_COLUMNS, zip(*map(_step_values, rows))):
             if c == "is_last":
-                cols[c].extend([row["is_last"] if row.get("is_last") is not None else i == n - 1 for i, row in enumerate(rows)])
+                cols[c].extend([v if v is not None else i == n - 1 for i, v in enumerate(values)])
             else:
-                cols[c].extend([row.get(c) for row in rows])
+                cols[c].extend(values)
         self._n_rows += n
         for shot in screenshots:
             if self._known is not None and shot.hash in self._known:

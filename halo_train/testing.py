@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from halo_data import ids, prompts
 from halo_data.lake import Lake
+from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.writer import EpisodeWriter
 
 # (prompt JSON, completion) -> behaviour log-probability of the completion.
@@ -74,53 +75,48 @@ def write_fixture_episodes(
                     progress = min(1.0, progress + r_progress)
                     r_success = 1.0 if (succeeds and last) else 0.0
                     steps.append(
-                        {
-                            "step_idx": i,
-                            "url": url,
-                            "goal": goal,
-                            "observation": observation,
-                            "prompt": prompt,
-                            "prompt_version": prompts.PROMPT_VERSION,
-                            "prompt_hash": ids.sha256_hex(prompt),
-                            "model_output": action,
-                            "action": action,
-                            "action_source": "model",
-                            "action_valid": True,
-                            "r_progress": r_progress,
-                            "r_novelty": 0.0 if i else 1.0,
-                            "r_loop": 0.0,
-                            "r_validity": 1.0,
-                            "r_success": r_success,
-                            "cumulative_progress": progress,
-                            "state_hash": ids.state_hash(url, observation),
-                            "latency_ms": 5.0,
-                            "completion_tokens": 6,
-                            "logprob_sum": logprob_fn(prompt, action) if logprob_fn else None,
-                        }
+                        StepRecord(
+                            step_idx=i,
+                            url=url,
+                            goal=goal,
+                            observation=observation,
+                            prompt=prompt,
+                            model_output=action,
+                            action=action,
+                            action_source="model",
+                            action_valid=True,
+                            rewards={"progress": r_progress, "novelty": 0.0 if i else 1.0, "loop": 0.0, "validity": 1.0,
+                                     "success": r_success},
+                            cumulative_progress=progress,
+                            state_hash=ids.state_hash(url, observation),
+                            latency_ms=5.0,
+                            completion_tokens=6,
+                            logprob_sum=logprob_fn(prompt, action) if logprob_fn else None,
+                        )
                     )
                     history.append(action)
-                episode = {
-                    "run_id": run_id,
-                    "env": "miniwob",
-                    "task_id": task_id,
-                    "site": "miniwob",
-                    "split": "train",
-                    "mode": "fixture",
-                    "policy": "hf",
-                    "model": "tiny",
-                    "policy_version": policy_version,
-                    "attempt_idx": a,
-                    "seed": a,
-                    "task_seed": 7,
-                    "temperature": 1.0,
-                    "success": succeeds,
-                    "task_reward": 1.0 if succeeds else 0.0,
-                    "raw_reward": 1.0 if succeeds else 0.0,
-                    "terminated": succeeds,
-                    "truncated": not succeeds,
-                    "started_at": started + dt.timedelta(minutes=len(episode_ids)),
-                    "ended_at": started + dt.timedelta(minutes=len(episode_ids), seconds=5),
-                }
+                episode = EpisodeRecord(
+                    run_id=run_id,
+                    env="miniwob",
+                    task_id=task_id,
+                    site="miniwob",
+                    split="train",
+                    mode="fixture",
+                    policy="hf",
+                    model="tiny",
+                    policy_version=policy_version,
+                    attempt_idx=a,
+                    seed=a,
+                    task_seed=7,
+                    temperature=1.0,
+                    success=succeeds,
+                    task_reward=1.0 if succeeds else 0.0,
+                    raw_reward=1.0 if succeeds else 0.0,
+                    terminated=succeeds,
+                    truncated=not succeeds,
+                    started_at=started + dt.timedelta(minutes=len(episode_ids)),
+                    ended_at=started + dt.timedelta(minutes=len(episode_ids), seconds=5),
+                )
                 episode_ids.append(writer.write_episode(episode, steps))
     return episode_ids
 

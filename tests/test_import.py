@@ -152,11 +152,16 @@ def test_agisdk_malformed_summary_is_reported_and_the_rest_imports(agisdk_loop, 
     (bad / "summary_info.json").write_text('{\n  "task_name": "v2.omnizon-2",\n  "success": tru\n}')
     broken = write_agisdk_result(agisdk_loop, results / "y", "v2.omnizon-3", 3, success=True)
     (broken / "step_1.pkl.gz").write_bytes((broken / "step_1.pkl.gz").read_bytes()[:40])
+    mistyped = write_agisdk_result(agisdk_loop, results / "z", "v2.omnizon-4", 4, success=True)
+    summary = json.loads((mistyped / "summary_info.json").read_text())
+    (mistyped / "summary_info.json").write_text(json.dumps({**summary, "terminated": "yes"}))
     report = import_sources(lake, [results])
     assert report.episodes == 1
     assert report.failures[0] == f"{bad}/summary_info.json:3: invalid JSON: Expecting value"
     assert report.failures[1].startswith(f"{broken}/step_1.pkl.gz: cannot read pickle: ")
-    assert len(report.failures) == 2
+    # a field the step record refuses is reported where it was read, like any malformed source
+    assert report.failures[2] == f"{mistyped}/summary_info.json: episode field 'terminated' must be bool, got str 'yes'"
+    assert len(report.failures) == 3
     assert lake.query_arrow("select distinct task_id from steps").to_pylist() == [{"task_id": "v2.omnizon-1"}]
     assert good.exists()
 

@@ -9,13 +9,13 @@ def test_generate_episodes_reaches_the_requested_steps_and_shares_states():
     assert sum(len(e.steps) for e in episodes) == 500
     first = episodes[:4]
     # Attempts of one task share their task_seed and start from the same page state.
-    assert len({e.episode["task_seed"] for e in first}) == 1
-    assert len({e.steps[0]["state_hash"] for e in first}) == 1
-    states = [s["state_hash"] for e in episodes for s in e.steps]
+    assert len({e.episode.task_seed for e in first}) == 1
+    assert len({e.steps[0].state_hash for e in first}) == 1
+    states = [s.state_hash for e in episodes for s in e.steps]
     new_share = len(set(states)) / len(states)
     assert 0.15 < new_share < 0.45
     # One screenshot per distinct state: never more images than states.
-    assert sum(len(e.screenshots) for e in episodes) == len({s["screenshot_hash"] for e in episodes for s in e.steps})
+    assert sum(len(e.screenshots) for e in episodes) == len({s.screenshot_hash for e in episodes for s in e.steps})
 
 
 def test_synthetic_png_is_a_valid_png_of_the_requested_size():

@@ -126,7 +126,7 @@ def test_screenshot_dedup_within_and_across_writers(lake):
 def test_write_episode_checks_its_input(lake):
     writer = EpisodeWriter(lake)
     fields, steps, _ = episode(0)
-    with pytest.raises(LakeError, match="episode is missing task_id"):
+    with pytest.raises(LakeError, match="episode field 'task_id' is required"):
         writer.write_episode({**fields, "task_id": None}, steps)
     with pytest.raises(LakeError, match="has no steps"):
         writer.write_episode(fields, [])

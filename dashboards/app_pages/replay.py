@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboards import annotate, data, reask
 from halo_data.config import RewardWeights
-from halo_data.schema import REWARD_COMPONENTS
+from halo_data.schema import REWARD_COMPONENTS, reward_column
 
 RUNS_SQL = """
 SELECT run_id, count(DISTINCT episode_id) AS episodes, max(ended_at) AS last_episode_at
@@ -233,8 +233,8 @@ if data.require_steps(snap):
         weights = RewardWeights().as_dict()
         components = pd.DataFrame(
             [
-                {"component": c, "raw": step.get(f"r_{c}"), "weight": weights[c],
-                 "weighted": (0.0 if pd.isna(step.get(f"r_{c}")) else float(step.get(f"r_{c}"))) * weights[c]}
+                {"component": c, "raw": step.get(reward_column(c)), "weight": weights[c],
+                 "weighted": (0.0 if pd.isna(step.get(reward_column(c))) else float(step.get(reward_column(c)))) * weights[c]}
                 for c in REWARD_COMPONENTS
             ]
         )

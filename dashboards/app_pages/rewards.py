@@ -8,7 +8,7 @@ import streamlit as st
 from dashboards import data
 from dashboards.filters import episode_filter
 from halo_data.config import RewardWeights
-from halo_data.schema import REWARD_COMPONENTS
+from halo_data.schema import REWARD_COMPONENTS, reward_column
 
 # Above this many episodes the time chart shows means per time bucket instead of one point per episode.
 MAX_EPISODE_POINTS = 2000
@@ -87,7 +87,7 @@ if data.require_steps(snap):
             )
 
         weights = RewardWeights().as_dict()
-        components_sql = ",\n    ".join(f"avg(r_{c}) * {weights[c]!r} AS {c}" for c in REWARD_COMPONENTS)
+        components_sql = ",\n    ".join(f"avg({reward_column(c)}) * {weights[c]!r} AS {c}" for c in REWARD_COMPONENTS)
         per_run = snap.df(PER_RUN_SQL.format(where=where, components=components_sql), params)
         st.subheader("Per run")
         st.dataframe(per_run, hide_index=True, width="stretch")
