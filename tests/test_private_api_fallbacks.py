@@ -1,0 +1,167 @@
+"""The private Playwright and agisdk parts HALO uses, changed as an upgrade would change them:
+HALO falls back to public APIs, gives the same results, and warns once per process."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+PAGE = """<!doctype html><html><body>
+<h1 aria-description="the page's own note">Orders</h1>
+<button onclick="document.title = 'sent'">Send</button>
+<input aria-label="Name" aria-roledescription="name field">
+<iframe srcdoc="<button aria-description='inner note'>Inner</button>"></iframe>
+</body></html>"""
+
+ARIA_JS = """() => [document, document.querySelector('iframe').contentDocument].flatMap(doc =>
+  [...doc.querySelectorAll('[aria-description], [aria-roledescription]')].map(el =>
+    [el.tagName, el.getAttribute('aria-description'), el.getAttribute('aria-roledescription')]))"""
+
+
+@pytest.fixture(scope="module")
+def session():
+    from halo_agent.browser import BrowserSession
+
+    s = BrowserSession(headless=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fallback_warnings(monkeypatch, caplog):
+    """The fallback warnings logged in this test, as if it were a fresh process."""
+    from halo_agent import private_api
+
+    monkeypatch.setattr(private_api, "_warned", set())
+    caplog.set_level(logging.WARNING, logger=private_api.__name__)
+    return lambda: [r.getMessage() for r in caplog.records if r.name == private_api.__name__]
+
+
+# --- Playwright's CDPSession internals (the one DevTools session per page) ---------------------
+
+
+def _observe(session):
+    """What an observation of PAGE gives, on a fresh page (and so a fresh DevTools session)."""
+    from halo_agent.envs.base import extract_page_state
+
+    page = session.new_page({"width": 400, "height": 300})
+    page.set_content(PAGE)
+    state = extract_page_state(page, "goal")
+    return state.url, state.axtree, list(state.elements), state.extra, state.screenshot[:24]  # PNG size
+
+
+def _count_public_sends(monkeypatch) -> list[str]:
+    from playwright.sync_api import CDPSession
+
+    sent: list[str] = []
+    public_send = CDPSession.send
+
+    def counted(self, method, params=None, **kwargs):
+        sent.append(method)
+        return public_send(self, method, params, **kwargs)
+
+    monkeypatch.setattr(CDPSession, "send", counted)
+    return sent
+
+
+def _send_without_timeout(monkeypatch) -> None:
+    """A Playwright whose internal send takes no timeout, with the public send built to match."""
+    from playwright._impl.cdp_session import CDPSession as CDPSessionImpl
+    from playwright.sync_api import CDPSession
+    from playwright.sync_api._generated import mapping
+
+    internal_send = CDPSessionImpl.send
+
+    async def send(self, method, params=None):
+        return await internal_send(self, method, params, None)
+
+    def public_send(self, method, params=None):
+        return mapping.from_maybe_impl(self._sync(self._impl_obj.send(method=method, params=mapping.to_impl(params))))
+
+    monkeypatch.setattr(CDPSessionImpl, "send", send)
+    monkeypatch.setattr(CDPSession, "send", public_send)
+
+
+def _sessions_without_impl_obj(monkeypatch) -> None:
+    """A Playwright whose sessions keep their internals under another name."""
+    from playwright.sync_api import BrowserContext
+
+    class RenamedInternals:
+        def __init__(self, session):
+            self.send, self.detach = session.send, session.detach
+
+    new_cdp_session = BrowserContext.new_cdp_session
+    monkeypatch.setattr(BrowserContext, "new_cdp_session", lambda self, page: RenamedInternals(new_cdp_session(self, page)))
+
+
+@pytest.mark.parametrize(
+    "change, error", [(_send_without_timeout, "TypeError"), (_sessions_without_impl_obj, "AttributeError")]
+)
+def test_devtools_use_the_public_send_when_playwrights_internals_change(session, monkeypatch, fallback_warnings, change, error):
+    from halo_agent.envs import base
+
+    monkeypatch.setattr(base, "_private_send_works", True)
+    expected = _observe(session)
+    sent = _count_public_sends(monkeypatch)
+    _observe(session)
+    assert sent == [] and fallback_warnings() == []  # the fast path, silent
+
+    change(monkeypatch)
+    sent = _count_public_sends(monkeypatch)
+    for _ in range(3):  # a page and a DevTools session each: one warning for the process
+        assert _observe(session) == expected
+    assert "DOMSnapshot.captureSnapshot" in sent and "Page.captureScreenshot" in sent
+    assert base._private_send_works is False
+    [warning] = fallback_warnings()
+    assert warning.startswith(f"Playwright's CDPSession._impl_obj.send / _sync changed ({error}: ")
+    assert warning.endswith("using the slower public CDPSession.send, one request at a time")
+
+
+def test_a_miniwob_episode_scores_the_same_on_the_public_send(monkeypatch, fallback_warnings):
+    from halo_agent.envs import base
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    monkeypatch.setattr(base, "_private_send_works", True)
+    _send_without_timeout(monkeypatch)
+    env = MiniWoBEnv(headless=True)
+    try:
+        for _ in range(2):
+            page = env.reset(MiniWoBEnv.task_spec("click-button"), task_seed=3)
+            wanted = re.search(r'"(.+)"', page.goal).group(1)
+            right = next(e for e in page.elements if e.role == "button" and e.name == wanted)
+            out = env.step(f"click('{right.bid}')")
+            assert (out.reward, out.terminated, out.raw_reward, out.action_error) == (1.0, True, 1.0, None)
+            assert out.page.screenshot.startswith(b"\x89PNG")
+    finally:
+        env.close()
+    assert len(fallback_warnings()) == 1
+
+
+# --- BrowserGym's _post_extract: HALO unmarks pages itself -------------------------------------
+
+
+def test_observations_restore_the_pages_aria_attributes_without_browsergyms_post_extract(session, monkeypatch):
+    from agisdk.REAL.browsergym.core import observation
+
+    from halo_agent.envs.base import extract_page_state, mark_elements, unmark_elements
+
+    monkeypatch.delattr(observation, "_post_extract")
+    page = session.new_page({"width": 400, "height": 300})
+    page.set_content(PAGE)
+    original = page.evaluate(ARIA_JS)
+    assert len(original) == 3
+
+    mark_elements(page)
+    marked = page.evaluate(ARIA_JS)
+    assert all(re.match(r"browsergym_id_\w+ ", description or "") for _, description, _ in marked)
+    assert len(marked) > len(original)  # every element carries its bid while the page is read
+    unmark_elements(page)
+    assert page.evaluate(ARIA_JS) == original
+
+    state = extract_page_state(page, "goal")
+    assert page.evaluate(ARIA_JS) == original
+    assert "button 'Inner'" in state.axtree and "browsergym_id" not in state.axtree
