@@ -3,12 +3,19 @@ HALO falls back to public APIs, gives the same results, and warns once per proce
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PAGE = """<!doctype html><html><body>
 <h1 aria-description="the page's own note">Orders</h1>
@@ -39,6 +46,14 @@ def fallback_warnings(monkeypatch, caplog):
     monkeypatch.setattr(private_api, "_warned", set())
     caplog.set_level(logging.WARNING, logger=private_api.__name__)
     return lambda: [r.getMessage() for r in caplog.records if r.name == private_api.__name__]
+
+
+def _run(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``command`` in a fresh process: a process holds one sync Playwright, which these tests replace."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=environment)
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 # --- Playwright's CDPSession internals (the one DevTools session per page) ---------------------
@@ -165,3 +180,110 @@ def test_observations_restore_the_pages_aria_attributes_without_browsergyms_post
     state = extract_page_state(page, "goal")
     assert page.evaluate(ARIA_JS) == original
     assert "button 'Inner'" in state.axtree and "browsergym_id" not in state.axtree
+
+
+# --- agisdk's _get_global_playwright -------------------------------------------------------------
+
+GLOBAL_PLAYWRIGHT_SCRIPT = """
+import json, logging, sys
+import agisdk.REAL.browsergym.core as core
+from halo_agent import private_api
+from halo_agent.browser import BrowserSession
+
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger("halo_agent.private_api").addHandler(handler)
+results = []
+for change in json.loads(sys.argv[1]):
+    private_api._warned.clear()  # each change as if in a fresh process
+    records.clear()
+    exec(change, {"core": core})
+    seen = []
+    for _ in range(2):  # two launches, one warning
+        session = BrowserSession(headless=True)
+        page = session.new_page({"width": 400, "height": 300})
+        page.set_content('<button bid="7" onclick="this.textContent = \\'sent\\'">Send</button>')
+        page.get_by_test_id("7").click()  # BrowserGym's actions find elements by bid this way
+        seen.append(page.inner_text("button"))
+        session.close()
+    results.append({"seen": seen, "warnings": [r.getMessage() for r in records]})
+print(json.dumps(results))
+"""
+
+GLOBAL_PLAYWRIGHT_CHANGES = {
+    "del core._get_global_playwright": "ImportError",
+    "core._get_global_playwright = lambda headless: None": "TypeError",
+    "core._get_global_playwright = lambda: None": "TypeError: it returned a NoneType, not a Playwright",
+}
+
+
+def test_browser_sessions_start_their_own_playwright_when_agisdks_accessor_changes():
+    script = [sys.executable, "-c", GLOBAL_PLAYWRIGHT_SCRIPT, json.dumps(list(GLOBAL_PLAYWRIGHT_CHANGES))]
+    results = json.loads(_run(script).stdout)
+    for error, result in zip(GLOBAL_PLAYWRIGHT_CHANGES.values(), results, strict=True):
+        assert result["seen"] == ["sent", "sent"]
+        [warning] = result["warnings"]
+        assert warning.startswith(f"agisdk's _get_global_playwright changed ({error}")
+        assert warning.endswith("using a Playwright of HALO's own; agisdk's BrowserEnv may fail to start in this process")
+
+
+# --- Playwright's browsers.json ------------------------------------------------------------------
+
+
+@pytest.fixture
+def revisions():
+    """The revisions browsers.json gives; the cache is cleared around the test."""
+    from halo_agent import browser
+
+    browser.playwright_revisions.cache_clear()
+    yield browser.playwright_revisions()
+    browser.playwright_revisions.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "layout, error",
+    [
+        (None, "FileNotFoundError"),
+        ("<html>moved</html>", "JSONDecodeError"),
+        ({"browsers": {"chromium": {"revision": "1"}}}, "TypeError"),
+        ({"browsers": [{"name": "chromium", "rev": "1"}]}, "KeyError"),
+        ({"browsers": [{"name": "chrome", "revision": "1"}]}, "ValueError: browsers.json names no chromium or chromium-headless-shell"),
+    ],
+)
+def test_links_go_where_playwright_looks_when_browsers_json_changes(revisions, tmp_path, monkeypatch, fallback_warnings, layout, error):
+    from halo_agent import browser
+
+    changed = tmp_path / "browsers.json"
+    if layout is not None:
+        changed.write_text(layout if isinstance(layout, str) else json.dumps(layout))
+    monkeypatch.setattr(browser, "_browsers_json", lambda: changed)
+    for _ in range(2):
+        browser.playwright_revisions.cache_clear()
+        assert browser.playwright_revisions() == revisions
+    [warning] = fallback_warnings()
+    assert warning.startswith(f"Playwright's driver/package/browsers.json changed ({error}")
+    assert warning.endswith("using the slower `playwright install --dry-run`, one more process per Python process")
+
+
+def test_chromium_launches_through_links_made_without_browsers_json(revisions, tmp_path, monkeypatch, fallback_warnings):
+    from halo_agent import browser
+
+    monkeypatch.setattr(browser, "_browsers_json", lambda: tmp_path / "moved.json")
+    browser.playwright_revisions.cache_clear()
+    links = tmp_path / "ms-playwright"
+    assert browser.setup(links) == links
+    assert len(fallback_warnings()) == 1
+    # A fresh process reads the real browsers.json: Playwright launches what the fallback linked.
+    done = _run([sys.executable, "-m", "halo_agent.browser", "check"], PLAYWRIGHT_BROWSERS_PATH=str(links))
+    assert re.fullmatch(r"Chromium [\d.]+ launches headless\n", done.stdout)
+
+
+def test_a_playwright_whose_cli_lists_no_chromium_is_one_clear_error(tmp_path, monkeypatch, revisions, fallback_warnings):
+    from halo_agent import browser
+
+    monkeypatch.setattr(browser, "_browsers_json", lambda: tmp_path / "moved.json")
+    monkeypatch.setattr(browser, "_EXECUTABLE_LAYOUT", {"chromium-next": ("chrome-linux64", "chrome")})
+    browser.playwright_revisions.cache_clear()
+    with pytest.raises(browser.BrowserSetupError, match=r"^`playwright install --dry-run chromium` names no chromium-next: install the Playwright release that pyproject.toml names$"):
+        browser.playwright_revisions()
