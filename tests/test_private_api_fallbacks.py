@@ -3,6 +3,7 @@ HALO falls back to public APIs, gives the same results, and warns once per proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,9 +34,8 @@ ARIA_JS = """() => [document, document.querySelector('iframe').contentDocument].
 def session():
     from halo_agent.browser import BrowserSession
 
-    s = BrowserSession(headless=True)
-    yield s
-    s.close()
+    with contextlib.closing(BrowserSession(headless=True)) as browser_session:
+        yield browser_session
 
 
 @pytest.fixture
