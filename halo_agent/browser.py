@@ -21,13 +21,17 @@ counting never downloads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+from halo_agent.private_api import UPGRADE_ERRORS, warn_fallback
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +81,56 @@ def chromium_executable() -> str:
     raise BrowserSetupError("Chromium is not installed: run `apt-get install chromium` (or set HALO_CHROMIUM)")
 
 
-def _playwright_revisions() -> dict[str, str]:
-    """Browser name -> revision the installed Playwright expects (from its browsers.json)."""
+_BROWSERS_JSON = "Playwright's driver/package/browsers.json"
+
+
+def _browsers_json() -> Path:
     import playwright
 
-    path = Path(playwright.__file__).parent / "driver" / "package" / "browsers.json"
-    data = json.loads(path.read_text())
-    return {b["name"]: str(b["revision"]) for b in data["browsers"] if b["name"] in _EXECUTABLE_LAYOUT}
+    return Path(playwright.__file__).parent / "driver" / "package" / "browsers.json"
+
+
+@functools.lru_cache(maxsize=1)
+def playwright_revisions() -> dict[str, str]:
+    """Browser name -> revision the installed Playwright expects, for the browsers HALO links.
+
+    Read from Playwright's browsers.json; where an upgrade moved or reshaped that file, from
+    the folders ``playwright install --dry-run`` prints.
+    """
+    try:
+        data = json.loads(_browsers_json().read_text())
+        found = {b["name"]: str(b["revision"]) for b in data["browsers"] if b["name"] in _EXECUTABLE_LAYOUT}
+        return _every_linked_browser(found, "browsers.json")
+    except UPGRADE_ERRORS as e:
+        warn_fallback(_BROWSERS_JSON, e, "the slower `playwright install --dry-run`, one more process per Python process")
+    return _revisions_from_dry_run()
+
+
+def _every_linked_browser(found: dict[str, str], source: str) -> dict[str, str]:
+    missing = sorted(set(_EXECUTABLE_LAYOUT) - set(found))
+    if missing:
+        raise ValueError(f"{source} names no {' or '.join(missing)}")
+    return found
+
+
+def _revisions_from_dry_run() -> dict[str, str]:
+    """The revisions in the install folders (``<browsers>/<name>-<revision>``) that Playwright's CLI prints."""
+    command = [sys.executable, "-m", "playwright", "install", "--dry-run", "chromium"]
+    try:
+        printed = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BrowserSetupError(f"cannot ask Playwright where it looks for Chromium (`{' '.join(command[1:])}`: {e})") from e
+    found = {}
+    for line in printed.splitlines():
+        label, _, value = line.partition(":")
+        if label.strip() == "Install location":
+            folder, _, revision = Path(value.strip()).name.rpartition("-")
+            if folder.replace("_", "-") in _EXECUTABLE_LAYOUT:
+                found[folder.replace("_", "-")] = revision
+    try:
+        return _every_linked_browser(found, "`playwright install --dry-run chromium`")
+    except ValueError as e:
+        raise BrowserSetupError(f"{e}: install the Playwright release that pyproject.toml names") from e
 
 
 def default_browsers_path() -> Path:
@@ -95,7 +142,7 @@ def default_browsers_path() -> Path:
 def expected_executables(browsers_path: Path) -> dict[str, Path]:
     """Browser name -> the executable path the installed Playwright will launch."""
     out = {}
-    for name, revision in _playwright_revisions().items():
+    for name, revision in playwright_revisions().items():
         folder = f"{name.replace('-', '_')}-{revision}"
         out[name] = browsers_path.joinpath(folder, *_EXECUTABLE_LAYOUT[name])
     return out
@@ -223,12 +270,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_GLOBAL_PLAYWRIGHT = "agisdk's _get_global_playwright"
+_own_playwright = None
+
+
+def shared_playwright():
+    """The process's one sync Playwright: agisdk's, so that agisdk's ``BrowserEnv`` in the same
+    process shares it (a second sync Playwright in one thread fails to start)."""
+    from playwright.sync_api import Playwright
+
+    try:
+        from agisdk.REAL.browsergym.core import _get_global_playwright
+
+        pw = _get_global_playwright()
+        if not isinstance(pw, Playwright):
+            raise TypeError(f"it returned a {type(pw).__name__}, not a Playwright")
+        return pw
+    except UPGRADE_ERRORS as e:
+        warn_fallback(_GLOBAL_PLAYWRIGHT, e, "a Playwright of HALO's own; agisdk's BrowserEnv may fail to start in this process")
+    global _own_playwright
+    if _own_playwright is None:
+        from playwright.sync_api import sync_playwright
+
+        _own_playwright = sync_playwright().start()
+    return _own_playwright
+
 
 class BrowserSession:
     """One headless Chromium per worker process, reused across episodes; a fresh context per episode.
 
-    Uses agisdk's process-wide Playwright so that agisdk's own BrowserEnv, if used in
-    the same process, shares it (two sync Playwrights in one process break each other).
+    Uses the process's one Playwright (``shared_playwright``).
     Never create one inside an asyncio loop, and never fork after creating one.
     """
 
@@ -242,10 +313,9 @@ class BrowserSession:
 
     def _launch(self) -> None:
         ensure_environment()
-        from agisdk.REAL.browsergym.core import _get_global_playwright
         from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
 
-        pw = _get_global_playwright()
+        pw = shared_playwright()
         # BrowserGym's actions find elements by their bid through Playwright's test-id selector.
         pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)
         self.browser = pw.chromium.launch(

@@ -28,6 +28,7 @@ import logging
 import weakref
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
+from halo_agent.private_api import UPGRADE_ERRORS, warn_fallback
 from halo_agent.types import Element
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,12 @@ def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any
     return out
 
 
+# Playwright's internals behind _PageDevTools' fast path; cleared, for the whole process, the
+# first time an upgrade of Playwright turns out to have changed them.
+_PRIVATE_SEND = "Playwright's CDPSession._impl_obj.send / _sync"
+_private_send_works = True
+
+
 class _PageDevTools:
     """One Chrome DevTools session per page, kept for the page's lifetime.
 
@@ -206,10 +213,11 @@ class _PageDevTools:
     which is all those functions use of a page.
 
     Requests go through the session's underlying asynchronous call (Playwright's
-    ``_impl_obj``, run by the sync wrapper's ``_sync``) where it exists: the public sync
-    ``send`` walks every value of an answer looking for Playwright objects to wrap, and a
-    DOM snapshot or AXTree is tens of thousands of plain JSON values (~10% of a MiniWoB
-    step). The same access lets ``send_ahead`` have several requests in flight at once.
+    ``_impl_obj``, run by the sync wrapper's ``_sync``): the public sync ``send`` walks
+    every value of an answer looking for Playwright objects to wrap, and a DOM snapshot or
+    AXTree is tens of thousands of plain JSON values (~10% of a MiniWoB step). The same
+    access lets ``send_ahead`` have several requests in flight at once. Where a Playwright
+    upgrade changed that access, the public ``send`` is used (``halo_agent.private_api``).
     """
 
     def __init__(self, page) -> None:
@@ -229,13 +237,6 @@ class _PageDevTools:
     def _key(method: str, params: dict[str, Any] | None) -> str:
         return method + json.dumps(params or {}, sort_keys=True)
 
-    def _raw(self):
-        """The session's asynchronous call and the runner for it, or None to use the public API."""
-        if self._session is None:
-            self._session = self.page.context.new_cdp_session(self.page)
-        impl, run = getattr(self._session, "_impl_obj", None), getattr(self._session, "_sync", None)
-        return (impl.send, run) if impl is not None and run is not None else None
-
     def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         answer = self._ahead.pop(self._key(method, params), None) if self._ahead else None
         if answer is None:
@@ -248,12 +249,10 @@ class _PageDevTools:
         from playwright.sync_api import Error as PlaywrightError
 
         for attempt in (1, 2):
-            raw = self._raw()
+            if self._session is None:
+                self._session = self.page.context.new_cdp_session(self.page)
             try:
-                if raw is None:
-                    return self._session.send(method, params)
-                call, run = raw
-                return run(call(method=method, params=params, timeout=None))
+                return self._send_once(method, params)
             except PlaywrightError as e:
                 message = str(e).lower()
                 if attempt == 2 or self.page.is_closed() or ("detached" not in message and "closed" not in message):
@@ -261,24 +260,50 @@ class _PageDevTools:
                 self._session = None  # the target went away under the session (e.g. a process swap)
         raise AssertionError("unreachable")
 
+    def _send_once(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+        global _private_send_works
+        if not _private_send_works:
+            return self._session.send(method, params)
+        try:
+            return self._run_private(lambda send: send(method=method, params=params, timeout=None))
+        except UPGRADE_ERRORS as e:
+            # An error that the public call does not share shows that Playwright changed.
+            answer = self._session.send(method, params)
+            _private_send_works = False
+            warn_fallback(_PRIVATE_SEND, e, "the slower public CDPSession.send, one request at a time")
+            return answer
+
+    def _run_private(self, make_coroutine):
+        """Run, on the sync wrapper's loop, the coroutine ``make_coroutine`` builds from the session's asynchronous send."""
+        coroutine = make_coroutine(self._session._impl_obj.send)
+        try:
+            return self._session._sync(coroutine)
+        except Exception:
+            coroutine.close()  # never awaited where ``_sync`` refused it; a no-op once it ran
+            raise
+
     def send_ahead(self, requests: Sequence[tuple[str, dict[str, Any] | None]]) -> None:
         """Send several requests at once; a later ``send`` of the same request takes its answer.
 
         Chromium answers them in order on one session, without a round trip to Python between
         them, and the screenshot's wait for a frame overlaps the DOM and AXTree work. A request
-        that fails here is simply sent again by ``send``.
+        that fails here is simply sent again by ``send`` (which also tells whether Playwright changed).
         """
         import asyncio
 
-        raw = self._raw()
-        if raw is None:
+        if not _private_send_works:
             return
-        call, run = raw
+        if self._session is None:
+            self._session = self.page.context.new_cdp_session(self.page)
 
-        async def all_of():
-            return await asyncio.gather(*(call(method=m, params=p, timeout=None) for m, p in requests), return_exceptions=True)
+        async def all_of(send):
+            return await asyncio.gather(*(send(method=m, params=p, timeout=None) for m, p in requests), return_exceptions=True)
 
-        for (method, params), answer in zip(requests, run(all_of())):
+        try:
+            answers = self._run_private(all_of)
+        except UPGRADE_ERRORS:
+            return
+        for (method, params), answer in zip(requests, answers):
             if not isinstance(answer, BaseException):
                 self._ahead[self._key(method, params)] = answer
 
@@ -307,6 +332,13 @@ def capture_png(page) -> bytes:
     return base64.b64decode(answer["data"])
 
 
+@functools.lru_cache(maxsize=None)
+def _browsergym_js(name: str) -> str:
+    import pkgutil
+
+    return pkgutil.get_data("agisdk.REAL.browsergym.core", f"javascript/{name}").decode("utf-8")
+
+
 @functools.lru_cache(maxsize=1)
 def _mark_elements_js() -> str:
     """BrowserGym's element-marking script, polling for the visibility observer every 2 ms instead of 40.
@@ -314,13 +346,26 @@ def _mark_elements_js() -> str:
     The observer reports after the next rendering frame; BrowserGym's 40 ms polling
     interval alone made each observation ~40 ms slower. The marking is unchanged.
     """
-    import pkgutil
-
-    js = pkgutil.get_data("agisdk.REAL.browsergym.core", "javascript/frame_mark_elements.js").decode("utf-8")
+    js = _browsergym_js("frame_mark_elements.js")
     patched = js.replace("async function until(f, timeout, interval=40)", "async function until(f, timeout, interval=2)")
     if patched == js:
         log.warning("BrowserGym's marking script changed; observations use its original polling interval")
     return patched
+
+
+def _scriptable_child_frames(frame):
+    """``(frame, its element)`` for each child frame BrowserGym marks: attached, shown by its own
+    element (not a PDF viewer in an ``<embed>``), and allowed to run scripts."""
+    for child in frame.child_frames:
+        if child.is_detached():
+            continue
+        element = child.frame_element()
+        if element.content_frame() != child:
+            continue
+        sandbox = element.get_attribute("sandbox")
+        if sandbox is not None and "allow-scripts" not in sandbox.split():
+            continue
+        yield child, element
 
 
 def mark_elements(page, tags_to_mark: str = "standard_html") -> None:
@@ -333,21 +378,36 @@ def mark_elements(page, tags_to_mark: str = "standard_html") -> None:
     def mark(frame, frame_bid: str) -> None:
         for message in frame.evaluate(js, [frame_bid, BROWSERGYM_ID_ATTRIBUTE, tags_to_mark]):
             log.debug("marking: %s", message)
-        for child in frame.child_frames:
-            if child.is_detached():
-                continue
-            element = child.frame_element()
-            if element.content_frame() != child:
-                continue
-            sandbox = element.get_attribute("sandbox")
-            if sandbox is not None and "allow-scripts" not in sandbox.split():
-                continue
+        for child, element in _scriptable_child_frames(frame):
             child_bid = element.get_attribute(BROWSERGYM_ID_ATTRIBUTE)
             if child_bid is None:
                 raise MarkingError("Cannot mark a child frame without a bid.")
             mark(child, child_bid)
 
     mark(page.main_frame, "")
+
+
+def unmark_elements(page) -> None:
+    """Take the marks' data back out of the page's ARIA attributes (BrowserGym's ``_post_extract``).
+
+    Frames that detach meanwhile are skipped, as BrowserGym does.
+    """
+    from playwright.sync_api import Error as PlaywrightError
+
+    js = _browsergym_js("frame_unmark_elements.js")
+
+    def unmark(frame) -> None:
+        try:
+            frame.evaluate(js)
+            children = list(_scriptable_child_frames(frame))
+        except PlaywrightError as e:
+            if "detached" not in str(e):
+                raise
+            return
+        for child, _ in children:
+            unmark(child)
+
+    unmark(page.main_frame)
 
 
 _DOM_SNAPSHOT_ARGS = {"computed_styles": "computedStyles", "include_dom_rects": "includeDOMRects", "include_paint_order": "includePaintOrder"}
@@ -367,7 +427,6 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
     """BrowserGym's observation of ``page``: marked DOM, merged AXTree flattened to text, elements, screenshot."""
     from agisdk.REAL.browsergym.core.observation import (
         MarkingError,
-        _post_extract,
         extract_dom_extra_properties,
         extract_dom_snapshot,
         extract_merged_axtree,
@@ -402,7 +461,7 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
                 for s in ("detached", "not found", "Execution context was destroyed", "without a bid")
             )
             try:
-                _post_extract(page)
+                unmark_elements(page)
             except PlaywrightError:
                 pass
             if not transient:
@@ -412,7 +471,7 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
             tools.forget_ahead()
     else:
         raise EnvError(f"could not read the page: {last_error}")
-    _post_extract(page)
+    unmark_elements(page)
     text = flatten_axtree_to_str(axtree)
     elements = elements_from_axtree(axtree, extra_properties)
     return PageState(
