@@ -204,15 +204,6 @@ def test_commands_that_add_data_create_a_missing_lake(tmp_path):
     assert ok("select count(*) as n from steps", "--lake", str(root), "--nl") == '{"n": 1}\n'
 
 
-def test_help_is_h_everywhere():
-    from halo_agent.cli import main as agent_main
-    from halo_train.cli import main as train_main
-
-    for group in (main, agent_main, train_main):
-        result = CliRunner().invoke(group, ["-h"])
-        assert result.exit_code == 0 and result.stdout.startswith("Usage: "), result.output
-
-
 EXPECTED_VIEWS = ["screenshots", "step_rewards", "episodes", "episode_summary", "progress_ranking", "bc_rows",
                   "dpo_pairs", "grpo_groups", "reward_stats", "eval_matrix"]
 

@@ -74,3 +74,13 @@ def test_script_commands_run_as_printed(tmp_path):
     line = script_command("halo-data", sql, "--lake", str(tmp_path / "lake"))
     done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, '[\n {"n": 0}\n]\n'), done.stderr
+
+
+@pytest.mark.parametrize("module", ["halo_data.cli", "halo_agent.cli", "halo_train.cli"])
+def test_every_cli_takes_h_and_version(module):
+    import importlib
+
+    main = importlib.import_module(module).main
+    result = CliRunner().invoke(main, ["-h"])
+    assert result.exit_code == 0 and result.stdout.startswith("Usage: "), result.output
+    assert CliRunner().invoke(main, ["--version"]).stdout == "halo 0.1.0\n"
