@@ -1,7 +1,7 @@
 """HALO dashboard: rewards, zero-std fractions and screenshot replay over a lake.
 
     halo-data dashboard --lake lake/ [--port 8501] [--host 127.0.0.1]
-    streamlit run dashboards/app.py -- --lake lake/
+    python -m dashboards --lake lake/ [--port 8501] [--host 127.0.0.1]
 
 Reads only the lake, through the same tables and views as ``halo-data query``.
 """

@@ -256,9 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     command = args[0] if args else "setup"
     try:
         if command == "setup":
-            path = setup(args[1] if len(args) > 1 else None)
+            setup(args[1] if len(args) > 1 else None)  # logs the one line that says where the link points
             ensure_environment()
-            sys.stdout.write(f"Playwright browsers: {path} -> {os.path.realpath(chromium_executable())}\n")
         elif command == "check":
             sys.stdout.write(f"Chromium {check()} launches headless\n")
         else:

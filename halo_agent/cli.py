@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -18,32 +17,7 @@ from typing import Any
 
 import click
 
-from halo_data.lake import LakeError
-
-LAKE_OPTION = click.option(
-    "--lake", "lake", default=lambda: os.environ.get("HALO_LAKE", "lake"), show_default="lake/ or $HALO_LAKE",
-    help="Lake root (created if missing).",
-)
-
-
-def fail(message: str, code: int = 1) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
-
-
-def run_cli(func):
-    """Turn library errors into one ``Error: ...`` line and a non-zero exit."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (LakeError, ValueError, FileNotFoundError, PermissionError) as e:
-            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-        except RuntimeError as e:
-            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-    return wrapper
+from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
 
 
 def _split_list(value: str | None) -> list[str]:
@@ -64,8 +38,8 @@ def _parse_options(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="halo", message="halo %(version)s")
+@click.group(context_settings=CONTEXT_SETTINGS)
+@version_option()
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """Run browser agents on MiniWoB++ (offline) and REAL, into a HALO lake."""
@@ -171,7 +145,7 @@ def _base_config(kind: str, **o: Any):
         max_steps=o["max_steps"],
         workers=o["workers"],
         pin_workers=o["pin_workers"],
-        lake=o["lake"],
+        lake=o["lake_path"],
         run_id=o["run_id"],
         resume=o["resume"],
         kind=kind,
@@ -285,59 +259,11 @@ def verify_exploration_command(env_name, task_id, temperature_a, temperature_b, 
             click.echo("differ: no — the two temperatures took the same actions")
 
 
+@main.command(hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def quickstart() -> None:
+    """Moved to halo-train (the quickstart trains; an agent needs no trainer)."""
+    fail(f"the quickstart is a halo-train command now: {script_command('halo-train', 'quickstart')}")
+
+
 if __name__ == "__main__":
     main()
-
-
-# ------------------------------------------------------------------------------------------ quickstart
-
-
-@main.command()
-@click.option("--lake", default=lambda: os.environ.get("HALO_LAKE", "lake"), show_default="lake/ or $HALO_LAKE", help="Lake root.")
-@click.option("--output-dir", default="out/quickstart", show_default=True, help="Where the tiny model and adapters go.")
-@click.option("--tasks", "task_list", default=None, help="Comma-separated MiniWoB++ tasks (default: six click/focus tasks).")
-@click.option("--rollouts-per-task", type=int, default=6, show_default=True)
-@click.option("--max-steps", type=int, default=8, show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--run-id", default="quickstart", show_default=True, help="Rollout run id (resumed when it exists).")
-@click.option("--warmup-steps", type=int, default=60, show_default=True, help="SFT warm-up steps of the tiny model.")
-@click.option("--train-steps", type=int, default=5, show_default=True, help="Optimizer steps of each training job.")
-@click.option("--jobs", default="bc,dpo,grpo", show_default=True, help="Training jobs to run.")
-@run_cli
-def quickstart(lake: str, output_dir: str, task_list: str | None, rollouts_per_task: int, max_steps: int, workers: int, seed: int, run_id: str, warmup_steps: int, train_steps: int, jobs: str) -> None:
-    """The main job, offline: MiniWoB++ rollouts -> lake -> views -> a short training run -> a summary."""
-    import warnings
-
-    from halo_agent.quickstart import DEFAULT_TASKS, QuickstartConfig, run_quickstart
-
-    # The summary is the output; library deprecation chatter and per-map progress bars are not.
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-    job_names = tuple(_split_list(jobs))
-    unknown = [j for j in job_names if j not in ("bc", "dpo", "grpo")]
-    if unknown:
-        fail(f"unknown training job(s) {', '.join(unknown)}: use bc, dpo and/or grpo")
-    cfg = QuickstartConfig(
-        lake=lake,
-        output_dir=output_dir,
-        tasks=tuple(_split_list(task_list)) or DEFAULT_TASKS,
-        rollouts_per_task=rollouts_per_task,
-        max_steps=max_steps,
-        workers=workers,
-        seed=seed,
-        run_id=run_id,
-        warmup_steps=warmup_steps,
-        train_steps=train_steps,
-        jobs=job_names,
-    )
-    run_quickstart(cfg, echo=click.echo)

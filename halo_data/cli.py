@@ -9,21 +9,14 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import sys
 from typing import Any
 
 import click
 
+from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, check_lake_path, fail, run_cli, version_option
 from halo_data.lake import Lake, LakeError
-
-LAKE_OPTION = click.option(
-    "--lake",
-    "lake_path",
-    default=lambda: os.environ.get("HALO_LAKE", "lake"),
-    show_default="lake/ or $HALO_LAKE",
-    help="Lake root (a path or an object-store URI).",
-)
 
 
 class DefaultGroup(click.Group):
@@ -37,27 +30,14 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def fail(message: str, code: int = 1) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
+def unknown_name(name: str) -> str:
+    from halo_data import schema as S
+
+    return f"unknown table or view {name!r}: tables are {', '.join(S.TABLES)}; `halo-data views` lists the views"
 
 
-def run_cli(func):
-    """Turn library errors into one ``Error: ...`` line and a non-zero exit."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except LakeError as e:
-            fail(str(e))
-        except BrokenPipeError:
-            raise
-        except (ValueError, FileNotFoundError, PermissionError, OSError) as e:
-            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
+# DuckDB's words for a name that is neither a table nor a view (its suggestion is on a line QueryError drops).
+_NO_SUCH_TABLE = re.compile(r"^Catalog Error: Table with name (.+) does not exist!$")
 
 
 def _view_params(params: tuple[str, ...], top_percent: float | None = None) -> dict[str, Any]:
@@ -75,18 +55,25 @@ def _view_params(params: tuple[str, ...], top_percent: float | None = None) -> d
     return out
 
 
-@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="halo", message="halo %(version)s")
+@click.group(cls=DefaultGroup, context_settings=CONTEXT_SETTINGS)
+@version_option()
 def main() -> None:
     """Query and maintain a HALO lake: Delta tables of agent steps, and the SQL views over them."""
 
 
 @main.command()
-@click.argument("path", default=lambda: os.environ.get("HALO_LAKE", "lake"))
+@click.argument("path", required=False)
+@LAKE_OPTION
+@click.pass_context
 @run_cli
-def init(path: str) -> None:
-    """Create a lake at PATH (meta/info.json and every table). Safe to run again."""
-    lake = Lake.init(path)
+def init(ctx: click.Context, path: str | None, lake_path: str) -> None:
+    """Create a lake at PATH or --lake (meta/info.json and every table). Safe to run again."""
+    if path is not None:
+        given = ctx.get_parameter_source("lake_path") == click.core.ParameterSource.COMMANDLINE
+        if given and path != lake_path:
+            fail(f"two lakes given ({path} and --lake {lake_path}): give one")
+        lake_path = check_lake_path(path)
+    lake = Lake.init(lake_path)
     click.echo(f"lake ready at {lake.root} (format version {lake.info.format_version})")
 
 
@@ -110,7 +97,13 @@ def query(sql: str, lake_path: str, fmt: str | None, parquet_file: str | None, a
     if sql == "-":
         sql = sys.stdin.read()
     lake = Lake.open(lake_path)
-    table = run_query(lake, sql, parameters=dict(named), as_of=as_of, params=_view_params(view_params))
+    try:
+        table = run_query(lake, sql, parameters=dict(named), as_of=as_of, params=_view_params(view_params))
+    except LakeError as e:
+        missing = _NO_SUCH_TABLE.match(str(e))
+        if missing:
+            fail(unknown_name(missing.group(1)))
+        raise
     if parquet_file:
         import pyarrow.parquet as pq
 
@@ -148,7 +141,7 @@ def describe(name: str, lake_path: str) -> None:
     from halo_data.views import view_names
 
     if name not in S.TABLES and name not in view_names() and name not in RAW_TABLE_NAMES.values():
-        fail(f"unknown table or view {name!r}: tables are {', '.join(S.TABLES)}; `halo-data views` lists the views")
+        fail(unknown_name(name))
     lake = Lake.open(lake_path)
     con = lake.connect()
     try:
@@ -189,10 +182,10 @@ def export(view: str, output: str, lake_path: str, fmt: str | None, where: str |
 @click.option("--format", "fmt", type=click.Choice(["auto", "agisdk", "jsonl"]), default="auto", show_default=True)
 @run_cli
 def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: str) -> None:
-    """Import agisdk result folders or per-episode JSONL trajectories."""
+    """Import agisdk result folders or per-episode JSONL trajectories (creating the lake if missing)."""
     from halo_data.importers import import_sources
 
-    lake = Lake.open(lake_path)
+    lake = Lake.init(lake_path)
     report = import_sources(lake, list(sources), run_id=run_id, fmt=fmt)
     click.echo(f"imported {report.episodes} episodes ({report.steps} steps) into {lake.root}")
     if report.failures:
@@ -283,18 +276,14 @@ def quarantine(run_id: str, lake_path: str) -> None:
 @run_cli
 def dashboard(lake_path: str, port: int, host: str) -> None:
     """Start the Streamlit dashboard on the lake."""
+    import importlib.util
     import subprocess
-    from pathlib import Path
 
-    import dashboards
-
-    app = Path(dashboards.__file__).parent / "app.py"
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", str(app),
-        "--server.port", str(port), "--server.address", host, "--server.headless", "true",
-        "--browser.gatherUsageStats", "false", "--", "--lake", lake_path,
-    ]
+    # Started by module name in a process of its own: the lake never imports the screen.
+    if importlib.util.find_spec("dashboards") is None or importlib.util.find_spec("streamlit") is None:
+        fail("the dashboard is not installed: pip install 'halo[dashboard]'")
     click.echo(f"HALO dashboard on http://{host}:{port} (lake {lake_path})", err=True)
+    cmd = [sys.executable, "-m", "dashboards", "--lake", lake_path, "--port", str(port), "--host", host]
     sys.exit(subprocess.call(cmd))
 
 

@@ -5,6 +5,7 @@
     halo-train grpo --lake lake --base-model models/tiny --max-steps 5 --output-dir out/grpo
     halo-train merge --adapter out/dpo/final --output models/dpo-merged
     halo-train make-tiny-model models/tiny --warmup-lake lake
+    halo-train quickstart                    # rollouts -> lake -> views -> tiny model -> bc, dpo, grpo
 
 Each job's options come from its config dataclass (``halo_train.config``), and
 ``--config FILE.yaml`` loads the same names from a file; options given on the
@@ -14,6 +15,7 @@ command line win over the file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import types
@@ -22,49 +24,43 @@ from typing import Any, Callable
 
 import click
 
+from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
 from halo_data.lake import LakeError
 from halo_train.config import CONFIGS, TrainConfig, load_config
 
-
-def fail(message: str, code: int = 1) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
+log = logging.getLogger(__name__)
 
 
-def run_cli(func: Callable) -> Callable:
-    """Library errors a user can act on become one ``Error: ...`` line and exit code 1."""
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at the time (click's test runner swaps it), on a line
+    of its own above a running progress bar."""
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
         try:
-            return func(*args, **kwargs)
-        except LakeError as e:
-            fail(str(e))
-
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at the time (click's test runner swaps it)."""
+def _setup_logging(level: int | None = None) -> None:
+    """HALO's own lines on stderr while the command runs: INFO by default, DEBUG (each trainer
+    log dict too) with -v. Undone when the command ends, for a caller in the same process."""
+    root = click.get_current_context().find_root()
+    if level is None:
+        level = logging.DEBUG if root.params.get("verbose") else logging.INFO
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for logger in (logging.getLogger("halo_train"), logging.getLogger("halo_data")):
+        logger.addHandler(handler)
+        root.call_on_close(functools.partial(_restore, logger, handler, logger.level))
+        logger.setLevel(level)
 
-    @property  # type: ignore[override]
-    def stream(self):
-        return sys.stderr
 
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def _setup_logging() -> None:
-    for name in ("halo_train", "halo_data"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-            handler = _StderrHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+def _restore(logger: logging.Logger, handler: logging.Handler, level: int) -> None:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def _option_for(field: dataclasses.Field, hint: Any) -> Callable:
@@ -80,8 +76,8 @@ def _option_for(field: dataclasses.Field, hint: Any) -> Callable:
         help_text += f"  [default: {default}]"
     origin_args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
     base = next((a for a in origin_args if a is not type(None)), str)
-    if field.name == "params":
-        return click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help=help_text)
+    if field.name == "params":  # --set, as in halo-data query and export (-p there is a SQL parameter)
+        return click.option("--set", "params", multiple=True, metavar="NAME=VALUE", help=help_text)
     if base is bool:
         return click.option(f"{name}/--no-{field.name.replace('_', '-')}", default=None, help=help_text)
     choices = field.metadata.get("choices")
@@ -96,29 +92,35 @@ def _job_command(job_type: str, train: Callable[[TrainConfig], Any]) -> click.Co
     hints = typing.get_type_hints(cls)
 
     @run_cli
-    def command(config: str | None, **options: Any) -> None:
+    def command(config: str | None, old_params: tuple[str, ...], **options: Any) -> None:
         _setup_logging()
+        if old_params:
+            log.warning("--param is deprecated: write --set %s", " --set ".join(old_params))
+            options["params"] = (*options.get("params", ()), *old_params)
         if not options.get("params"):
             options.pop("params", None)
         cfg = load_config(cls, config, overrides=options)
         result = train(cfg)
+        metrics_sql = f"select step, metric, value from train_metrics where run_id = '{result.run_id}'"
         click.echo(f"run {result.run_id}: {result.global_step} steps on {result.rows} rows of {cfg.view}")
         click.echo(f"adapter: {result.final_adapter}")
         click.echo(f"serve:    {result.serve_command}")
         click.echo(f"evaluate: {result.eval_command}")
-        click.echo(f"metrics:  halo-data query --lake {cfg.lake} \"select step, metric, value from train_metrics where run_id = '{result.run_id}'\"")
+        click.echo(f"metrics:  {script_command('halo-data', 'query', metrics_sql, '--lake', cfg.lake)}")
 
     command.__doc__ = cls.__doc__
     for field in reversed(dataclasses.fields(cls)):
         command = _option_for(field, hints[field.name])(command)
+    command = click.option("--param", "old_params", multiple=True, hidden=True)(command)  # the old name of --set
     command = click.option("--config", type=click.Path(dir_okay=False), default=None,
                            help="YAML (or JSON) file with these options; command-line options win.")(command)
     return click.command(job_type, help=cls.__doc__)(command)
 
 
-@click.group()
-@click.version_option(package_name="halo")
-def main() -> None:
+@click.group(context_settings=CONTEXT_SETTINGS)
+@version_option()
+@click.option("-v", "--verbose", is_flag=True, help="Show every trainer log line (they are always in train_metrics).")
+def main(verbose: bool) -> None:
     """HALO training jobs: LoRA adapters from the lake's views, metrics back into the lake."""
 
 
@@ -165,6 +167,55 @@ def make_tiny_model_command(out: str, warmup_lake: str | None, steps: int, seed:
         raise LakeError(f"--steps must be at least 1, got {steps}")
     path = build_tiny_model(out, warmup_lake=warmup_lake, steps=steps, seed=seed)
     click.echo(f"tiny model: {path}")
+
+
+@main.command()
+@LAKE_OPTION
+@click.option("--output-dir", default="out/quickstart", show_default=True, help="Where the tiny model and adapters go.")
+@click.option("--tasks", "task_list", default=None,
+              help="Comma-separated MiniWoB++ tasks (default: six click/focus tasks).")
+@click.option("--rollouts-per-task", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--run-id", default="quickstart", show_default=True, help="Rollout run id (resumed when it exists).")
+@click.option("--warmup-steps", type=click.IntRange(min=1), default=60, show_default=True,
+              help="SFT warm-up steps of the tiny model.")
+@click.option("--train-steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Optimizer steps of each training job.")
+@click.option("--jobs", default="bc,dpo,grpo", show_default=True, help="Training jobs to run.")
+@click.pass_context
+@run_cli
+def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: str, **options: Any) -> None:
+    """The main job, offline: MiniWoB++ rollouts -> lake -> views -> a short training run -> a summary."""
+    from halo_train.quickstart import DEFAULT_TASKS, QuickstartConfig, run_quickstart
+
+    job_names = tuple(j.strip() for j in jobs.split(",") if j.strip())
+    unknown = [j for j in job_names if j not in ("bc", "dpo", "grpo")]
+    if unknown:
+        fail(f"unknown training job(s) {', '.join(unknown)}: use bc, dpo and/or grpo")
+    verbose = bool(ctx.find_root().params.get("verbose"))
+    _setup_logging(logging.DEBUG if verbose else logging.WARNING)
+    if not verbose:
+        _quiet_libraries()
+    tasks = tuple(t.strip() for t in (task_list or "").split(",") if t.strip()) or DEFAULT_TASKS
+    cfg = QuickstartConfig(lake=lake_path, tasks=tasks, jobs=job_names, **options)
+    run_quickstart(cfg, echo=click.echo)
+
+
+def _quiet_libraries() -> None:
+    """The quickstart's output is its progress bars, one line per job and the summary: the
+    libraries' own progress bars, notices and warnings about their internals are not."""
+    import os
+    import warnings
+
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ class TrainConfig:
                     "drop --top-percent or filter with --where"
                 )
             if "top_percent" in self.params:
-                raise TrainConfigError("top_percent is given both as --top-percent and --param: give it once")
+                raise TrainConfigError("top_percent is given both as --top-percent and --set: give it once")
         if self.where is not None and not self.where.strip():
             self.where = None
         if self.resume_from is not None:

@@ -159,7 +159,7 @@ def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, wher
     from trl import SFTConfig, SFTTrainer
 
     from halo_train.data import EMPTY_VIEW_HINTS, EmptyViewError, bc_dataset, read_view
-    from halo_train.trainer_utils import quiet_hub
+    from halo_train.trainer_utils import activation_checkpointing, quiet_hub, show_progress
 
     quiet_hub()
     read = read_view(lake, "bc_rows", where=where, job_type="bc")
@@ -179,13 +179,14 @@ def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, wher
             report_to="none",
             seed=seed,
             bf16=False,
-            gradient_checkpointing=False,
+            **activation_checkpointing(False),
             max_length=None,
             use_cpu=True,
             dataloader_num_workers=0,
             disable_tqdm=True,
         )
         trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        show_progress(trainer, "warm-up")
         result = trainer.train()
     model.cpu()
     return {"steps": steps, "batch_size": batch_size, "rows": len(dataset), "final_loss": float(result.training_loss),

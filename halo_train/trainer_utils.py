@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from halo_train.config import TrainConfig, TrainConfigError
 
@@ -77,9 +79,13 @@ def serve_command(base_model: str, adapter_name: str, adapter_dir: Path, lora_r:
 
 
 def eval_command(job_type: str, adapter_name: str) -> str:
+    from halo_data.cli_support import script_command
+
     if adapter_name in EVAL_MODES:
-        return f"HALO_VLLM_URL=http://localhost:8000/v1 halo-agent eval --modes {adapter_name}"
-    return f"HALO_VLLM_URL=http://localhost:8000/v1 halo-agent rollout --policy openai --model {shlex.quote(adapter_name)}"
+        command = script_command("halo-agent", "eval", "--modes", adapter_name)
+    else:
+        command = script_command("halo-agent", "rollout", "--policy", "openai", "--model", adapter_name)
+    return f"HALO_VLLM_URL=http://localhost:8000/v1 {command}"
 
 
 def use_bf16() -> bool:
@@ -112,12 +118,55 @@ def common_training_args(cfg: TrainConfig) -> dict[str, Any]:
         report_to=[] if cfg.report_to == "none" else [cfg.report_to],
         bf16=bf16,
         fp16=torch.cuda.is_available() and not bf16,
-        gradient_checkpointing=gradient_checkpointing,
+        **activation_checkpointing(gradient_checkpointing),
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
         disable_tqdm=False,
     )
+
+
+def activation_checkpointing(on: bool) -> dict[str, bool]:
+    """The training-arguments keyword for recomputing activations: transformers 5 renamed
+    ``gradient_checkpointing`` to ``activation_checkpointing`` and warns on the old name."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": on}
+
+
+class JobProgress(ProgressCallback):
+    """The trainer's progress bar, named after the job, with the latest loss on it.
+
+    transformers' own progress callback writes every log dict between the bar's lines
+    (a wall of ``{'loss': …, 'grad_norm': …}``, thousands of characters a line in a log
+    file); here each goes to the DEBUG log (``halo-train -v``). Every value is in
+    ``train_metrics`` either way.
+    """
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(total=state.max_steps, desc=self.label, dynamic_ncols=True)
+        self.current_step = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        log.debug("%s step %d: %s", self.label, state.global_step, json.dumps(logs, default=str))
+        loss = logs.get("loss")
+        if self.training_bar is not None and isinstance(loss, (int, float)):
+            self.training_bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+
+
+def show_progress(trainer, label: str) -> None:
+    """Replace the trainer's printing callbacks with one ``JobProgress`` bar."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(JobProgress(label))
 
 
 class StatsCallback(TrainerCallback):
@@ -214,6 +263,7 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
     )
     record_run(lake, status="running", policy_version=None, **run_fields)
     trainer = spec.make_trainer(cfg, model, tokenizer, dataset, [metrics_cb, stats_cb])
+    show_progress(trainer, cfg.job_type)
     status = "failed"
     try:
         trainer.train(resume_from_checkpoint=cfg.resume_from)

@@ -51,6 +51,24 @@ def test_bad_options_are_one_error_line(tmp_path):
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_a_plain_file_as_lake_is_one_error_line(tmp_path):
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a lake")
+    for command in (["rollout"], ["eval", "--modes", "random"]):
+        result = invoke(*command, "--tasks", "click-test", "--lake", plain)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            1, "", f"Error: {plain} is a file, not a lake: a lake is a folder (`halo-data init PATH` creates one)\n")
+    assert plain.read_text() == "not a lake"
+
+
+def test_the_quickstart_moved_to_halo_train():
+    from halo_data.cli_support import script_command
+
+    result = invoke("quickstart", "--lake", "lake", "--train-steps", 1)
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: the quickstart is a halo-train command now: {script_command('halo-train', 'quickstart')}\n")
+
+
 def test_list_modes_and_user_modes_file(tmp_path):
     result = invoke("eval", "--list-modes")
     names = {line.split("\t")[0] for line in result.stdout.splitlines()}

@@ -128,7 +128,8 @@ def test_query_views_and_view_parameters(shared_lake):
 def test_bad_sql_is_one_error_line(shared_lake):
     assert error("selec 1", "--lake", shared_lake.root) == 'Error: Parser Error: syntax error at or near "selec"'
     assert error("select * from nope", "--lake", shared_lake.root) == (
-        "Error: Catalog Error: Table with name nope does not exist!")
+        "Error: unknown table or view 'nope': tables are runs, steps, screenshots, candidates, mcts_nodes, "
+        "train_metrics; `halo-data views` lists the views")
     assert error("select nope from steps", "--lake", shared_lake.root).startswith(
         'Error: Binder Error: Referenced column "nope" not found')
     assert error("", "--lake", shared_lake.root) == "Error: no SQL statement given"
@@ -171,6 +172,36 @@ def test_init(tmp_path):
     assert ok("init", str(root)) == f"lake ready at {root} (format version 1)\n"
     assert ok("init", str(root)) == f"lake ready at {root} (format version 1)\n"
     assert sorted(p.name for p in root.iterdir()) == sorted(["meta", *S.TABLES])
+    # --lake, as every other lake command takes it; both spellings of the same lake agree
+    assert ok("init", "--lake", str(tmp_path / "other")) == f"lake ready at {tmp_path / 'other'} (format version 1)\n"
+    assert ok("init", str(root), "--lake", str(root)) == f"lake ready at {root} (format version 1)\n"
+    assert error("init", str(root), "--lake", str(tmp_path / "other")) == (
+        f"Error: two lakes given ({root} and --lake {tmp_path / 'other'}): give one")
+
+
+def test_a_plain_file_is_not_a_lake(tmp_path, shared_lake):
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a lake")
+    expected = f"Error: {plain} is a file, not a lake: a lake is a folder (`halo-data init PATH` creates one)"
+    assert error("init", str(plain)) == expected
+    assert error("init", "--lake", str(plain)) == expected
+    assert error("select 1", "--lake", str(plain)) == expected
+    assert error("import", str(plain), "--lake", str(plain)) == expected
+    assert plain.read_text() == "not a lake"
+
+
+def test_commands_that_add_data_create_a_missing_lake(tmp_path):
+    """import creates the lake as init would (as rollout does); commands that read say how to create one."""
+    source = tmp_path / "episode.jsonl"
+    source.write_text(
+        '{"type": "episode_start", "task_id": "t", "goal": "g"}\n'
+        '{"step": 0, "action": "click(\'1\')", "reward": 1.0}\n'
+        '{"type": "episode_end", "success": true}\n')
+    root = tmp_path / "fresh"
+    assert error("stats", "--lake", str(root)) == (
+        f"Error: no HALO lake at {root}: create one with `halo-data init {root}` or pass --lake PATH")
+    assert ok("import", str(source), "--lake", str(root)) == f"imported 1 episodes (1 steps) into {root}\n"
+    assert ok("select count(*) as n from steps", "--lake", str(root), "--nl") == '{"n": 1}\n'
 
 
 EXPECTED_VIEWS = ["screenshots", "step_rewards", "episodes", "episode_summary", "progress_ranking", "bc_rows",

@@ -104,6 +104,9 @@ def _browse(dashboard_url: str, shots: Path) -> None:
             page.goto(f"{dashboard_url}/replay", wait_until="domcontentloaded")
             image = page.locator('[data-testid="stImage"] img').first
             image.wait_for(state="visible", timeout=45_000)
+            # an analyst's tool does not offer to deploy itself
+            page.locator('[data-testid="stToolbar"]').wait_for(state="attached", timeout=15_000)
+            assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
             page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=image.element_handle(), timeout=15_000)
             assert image.evaluate("img => img.naturalWidth") == 320
             page.get_by_text("action drawn at").first.wait_for(timeout=15_000)

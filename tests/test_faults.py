@@ -295,7 +295,7 @@ BAD_INPUTS = {
     "writing statement": (["halo-data", "query", "delete from steps"], "Error: delete statements are not allowed"),
     "unknown view (export)": (["halo-data", "export", "no_such_view", "{tmp}/out.jsonl"], "Error: unknown view 'no_such_view'"),
     "unknown view (describe)": (["halo-data", "describe", "no_such_view"], "Error: unknown table or view 'no_such_view'"),
-    "unknown view (query)": (["halo-data", "query", "select * from no_such_view"], "Error: Catalog Error: Table with name no_such_view does not exist"),
+    "unknown view (query)": (["halo-data", "query", "select * from no_such_view"], "Error: unknown table or view 'no_such_view': tables are runs, steps"),
     "missing lake": (["halo-data", "query", "select 1", "--lake", "{tmp}/nowhere"], "Error: no HALO lake at {tmp}/nowhere"),
     "malformed import file": (["halo-data", "import", "{tmp}/old/bad.jsonl"], "Error: {tmp}/old/bad.jsonl:2: invalid JSON"),
     "unknown task id": (["halo-agent", "rollout", "--env", "miniwob", "--tasks", "miniwob.no-such-task", "--no-progress"],

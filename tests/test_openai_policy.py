@@ -117,10 +117,12 @@ def tiny_models(tmp_path_factory, one_thread):
     model.save_pretrained(base_dir)
 
     # LoRA on lm_head too: the tiny model's small tied embeddings cap how far attention/MLP deltas move logits.
-    lora = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"]))
+    # ensure_weight_tying: the LoRA on lm_head also applies to the embeddings tied to it.
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"], ensure_weight_tying=True)
+    lora = get_peft_model(model, config)
     assert _teach(lora, tokenizer, "click('13')", steps=40, lr=1e-2) < 0.1
     adapter_dir = root / "adapter-discard"
-    lora.save_pretrained(adapter_dir)
+    lora.save_pretrained(adapter_dir, save_embedding_layers=True)
     return base_dir, adapter_dir
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_quickstart_fills_the_lake_and_trains_every_job(tmp_path):
-    from halo_agent.quickstart import QuickstartConfig, run_quickstart
+def test_quickstart_fills_the_lake_and_trains_every_job(tmp_path, capfd):
+    from halo_train.quickstart import QuickstartConfig, run_quickstart
     from halo_data.lake import Lake
 
     lines: list[str] = []
@@ -38,6 +40,19 @@ def test_quickstart_fills_the_lake_and_trains_every_job(tmp_path):
         assert (tmp_path / "out" / job / "final" / "adapter_model.safetensors").exists()
     assert any(line.startswith("Summary") for line in lines)
     assert any("frac_reward_zero_std" in line for line in lines)
+    # one line per job, and no trainer log dicts between the progress bars (they are in train_metrics)
+    assert [line.split(":")[0].strip() for line in lines if " steps on " in line] == trained
+    printed = capfd.readouterr()
+    assert "'loss'" not in printed.out + printed.err and '"loss"' not in printed.out + printed.err
+    assert "bc: 100%" in printed.err
+
+    # the "Next:" commands run as printed (all but the dashboard, a server, and vllm, a GPU host's)
+    nexts = lines[lines.index("Next:") + 1:]
+    runnable = [line.strip() for line in nexts if "halo-data" in line and "dashboard" not in line]
+    assert len(runnable) == 2
+    for line in runnable:
+        done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith("["), (line, done.stderr)
 
     # Running it again resumes the rollout run: nothing is collected twice.
     again = run_quickstart(QuickstartConfig(**{**cfg.__dict__, "jobs": ()}), echo=lines.append)

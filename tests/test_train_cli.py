@@ -74,12 +74,50 @@ def test_conflicting_options(lakes):
         "Error: --top-percent only changes the views bc_rows, progress_ranking; dpo_pairs does not read it: "
         "drop --top-percent or filter with --where"
     )
-    result = invoke("bc", "--lake", lakes["full"], "--base-model", lakes["model"], "--top-percent", "30", "--param", "top_percent=20")
-    assert error_line(result) == "Error: top_percent is given both as --top-percent and --param: give it once"
+    result = invoke("bc", "--lake", lakes["full"], "--base-model", lakes["model"], "--top-percent", "30",
+                    "--set", "top_percent=20")
+    assert error_line(result) == "Error: top_percent is given both as --top-percent and --set: give it once"
     result = invoke("dpo", "--lake", lakes["full"], "--base-model", lakes["model"], "--loss-type", "sigmoid,ipo", "--loss-weights", "1")
     assert "--loss-weights has 1 value(s) for 2 --loss-type value(s)" in error_line(result)
     result = invoke("grpo", "--lake", lakes["full"], "--base-model", lakes["model"], "--view", "bc_rows")
     assert error_line(result).startswith("Error: grpo reads the grpo_groups view")
+
+
+def test_view_parameters_are_set_with_set_and_param_is_deprecated(lakes):
+    """--set means a view parameter in every HALO CLI (in halo-data query, -p/--param is a SQL parameter)."""
+    result = invoke("bc", "--lake", lakes["full"], "--base-model", lakes["model"], "--set", "gamma")
+    assert error_line(result) == "Error: bad parameter 'gamma': write NAME=VALUE, e.g. gamma=0.95"
+    result = invoke("bc", "--lake", lakes["full"], "--base-model", lakes["model"], "--top-percent", "30",
+                    "--param", "top_percent=20")
+    assert result.output.splitlines()[0] == "--param is deprecated: write --set top_percent=20"
+    assert error_line(result) == "Error: top_percent is given both as --top-percent and --set: give it once"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from halo_train.tiny_model import build_model, build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_job_shows_a_progress_bar_not_the_trainer_log_dicts(lakes, tiny_model, tmp_path):
+    """The bar and the result lines; each trainer log dict only with -v (all of them are in train_metrics)."""
+    args = ["bc", "--lake", lakes["full"], "--base-model", tiny_model, "--max-steps", "2", "--batch-size", "2",
+            "--lora-r", "2", "--output-dir"]
+    quiet = invoke(*args, str(tmp_path / "quiet"))
+    assert quiet.exit_code == 0, quiet.output
+    assert "'loss'" not in quiet.output and not any(line.startswith('{') for line in quiet.output.splitlines())
+    assert "bc: 100%" in quiet.stderr and "2/2" in quiet.stderr
+    assert quiet.stdout.splitlines()[0].startswith("run train-bc-") and "2 steps on" in quiet.stdout
+    loud = invoke("-v", *args, str(tmp_path / "loud"))
+    assert loud.exit_code == 0, loud.output
+    logged = [line for line in loud.stderr.splitlines() if line.startswith("bc step ")]
+    assert [line.split(":")[0] for line in logged[:2]] == ["bc step 1", "bc step 2"]
+    assert '"loss": ' in logged[0]
 
 
 def test_where_must_be_read_only(lakes):
@@ -125,7 +163,7 @@ def test_config_defaults_and_checks(lakes, monkeypatch):
 
 def test_every_command_is_documented():
     result = invoke("--help")
-    for command in ("bc", "dpo", "grpo", "merge", "make-tiny-model"):
+    for command in ("bc", "dpo", "grpo", "merge", "make-tiny-model", "quickstart"):
         assert command in result.output
         sub = invoke(command, "--help")
         assert sub.exit_code == 0 and len(sub.output) > 200

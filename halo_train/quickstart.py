@@ -3,10 +3,11 @@
 MiniWoB++ rollouts with the random policy → the lake → its views → a tiny model
 built locally → short BC, DPO and GRPO runs on the views → a summary.
 
-    halo-agent quickstart                    # lake/ and out/quickstart/
-    halo-agent quickstart --lake /tmp/lake --rollouts-per-task 2 --train-steps 2
+    halo-train quickstart                    # lake/ and out/quickstart/
+    halo-train quickstart --lake /tmp/lake --rollouts-per-task 2 --train-steps 2
 
 Re-running it resumes the same rollout run (nothing is collected twice) and trains again.
+It lives in halo_train because it trains: a trainer may drive the agent, never the reverse.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from halo_data.cli_support import script_command
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -
             run_id=cfg.run_id,
             resume=resume,
             progress=cfg.progress,
-            command="halo-agent quickstart",
+            command="halo-train quickstart",
         )
     )
     rollout = summary.as_dict()
@@ -198,9 +201,10 @@ def _print_summary(cfg: QuickstartConfig, s: QuickstartSummary, echo: Callable[[
     echo(f"  took                 {s.seconds:.0f} s")
     echo("")
     echo("Next:")
-    echo(f'  halo-data --lake {cfg.lake} "select * from reward_stats"')
-    echo(f'  halo-data --lake {cfg.lake} "select run_id, metric, step, value from train_metrics order by run_id, step"')
-    echo(f"  halo-data dashboard --lake {cfg.lake}")
+    metrics_sql = "select run_id, metric, step, value from train_metrics order by run_id, step"
+    echo("  " + script_command("halo-data", "select * from reward_stats", "--lake", cfg.lake))
+    echo("  " + script_command("halo-data", metrics_sql, "--lake", cfg.lake))
+    echo("  " + script_command("halo-data", "dashboard", "--lake", cfg.lake))
     served = next((j["serve"] for j in s.jobs.values() if j.get("serve")), None)
     if served:
-        echo(f"  {served}")
+        echo(f"  {served}    # on a GPU host with vLLM (pip install 'halo[gpu]')")

@@ -1,0 +1,121 @@
+"""What HALO's three CLIs share: ``--lake``, ``-h``, ``--version``, and one way to fail.
+
+Every command body is wrapped in ``run_cli``: an error a user can act on (a lake
+error, a Delta or DuckDB error, a bad value, a missing file) becomes one
+``Error: …`` line on stderr and exit code 1, never a traceback. The traceback
+is still logged at DEBUG, for the CLIs that have ``-v``.
+
+The lake rule for every command: commands that add data (``halo-data init`` and
+``import``, ``halo-agent rollout`` and ``eval``, ``halo-train quickstart``)
+create the lake when it is missing, as ``halo-data init`` would; the others
+need an existing lake and say how to create one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import click
+import duckdb
+from deltalake.exceptions import DeltaError
+
+from halo_data.lake import LakeError
+
+log = logging.getLogger(__name__)
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+# Errors a user can act on. RuntimeError is here for the browser and torch (a Chromium that
+# will not start, a GPU out of memory): their first line says what happened.
+USER_ERRORS = (LakeError, DeltaError, duckdb.Error, ValueError, OSError, RuntimeError)
+
+
+def default_lake() -> str:
+    return os.environ.get("HALO_LAKE", "lake")
+
+
+def check_lake_path(path: str) -> str:
+    """A local path that is a plain file cannot become a lake: say so before delta-rs does (in 33 lines)."""
+    if Path(path.removeprefix("file://")).is_file():
+        fail(f"{path} is a file, not a lake: a lake is a folder (`halo-data init PATH` creates one)")
+    return path
+
+
+LAKE_OPTION = click.option(
+    "--lake",
+    "lake_path",
+    default=default_lake,
+    show_default="lake/ or $HALO_LAKE",
+    callback=lambda ctx, param, value: check_lake_path(value),
+    help="Lake root: a folder or an object-store URI (commands that add data create it).",
+)
+
+
+def version_option() -> Callable:
+    return click.version_option(package_name="halo", message="halo %(version)s")
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_cli(func: Callable) -> Callable:
+    """Turn the errors a user can act on into one ``Error: ...`` line and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except BrokenPipeError:  # `halo-data ... | head`: the console entry ends quietly
+            raise
+        except USER_ERRORS as e:
+            log.debug("%s failed", func.__name__, exc_info=True)
+            fail(first_line(e))
+
+    return wrapper
+
+
+def script_command(script: str, *args: str) -> str:
+    """A command line for HALO's console script ``script`` that runs as printed.
+
+    The scripts sit beside the running interpreter (``.venv/bin``), which is often not on
+    PATH: name them by their path, relative to the working folder when inside it. Where the
+    script is not installed there, run its module with this interpreter.
+    """
+    bin_dir = Path(sys.executable).parent
+    exe = bin_dir / script
+    if exe.exists():
+        head = [shlex.quote(_shortest(exe))]
+    else:
+        module = {"halo-data": "halo_data.cli", "halo-agent": "halo_agent.cli", "halo-train": "halo_train.cli"}[script]
+        head = [shlex.quote(_shortest(Path(sys.executable))), "-m", module]
+    return " ".join([*head, *map(_quote, args)])
+
+
+def _quote(arg: str) -> str:
+    """shlex.quote, but SQL with single quotes reads better in double quotes (when nothing in it expands there)."""
+    if "'" in arg and not set(arg) & set('"$`\\!'):
+        return f'"{arg}"'
+    return shlex.quote(arg)
+
+
+def _shortest(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it (``.venv/bin/halo-data``), else absolute."""
+    path = path.absolute()
+    try:
+        relative = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+    return relative if os.sep in relative else f".{os.sep}{relative}"
