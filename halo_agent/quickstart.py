@@ -63,7 +63,7 @@ def _count(lake, sql: str) -> int:
 
 
 def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -> QuickstartSummary:
-    from halo_agent.sampler import RolloutConfig, run_rollouts
+    from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_data.lake import Lake
 
     t0 = time.perf_counter()

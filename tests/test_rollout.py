@@ -22,7 +22,7 @@ ATTEMPTS = 4
 
 
 def _config(lake: Path, run_id: str, **overrides):
-    from halo_agent.sampler import RolloutConfig
+    from halo_agent.rollout import RolloutConfig
 
     options = dict(
         env="miniwob", tasks=TASKS, rollouts_per_task=ATTEMPTS, policy="random", seed=3, task_seed=7,
@@ -39,7 +39,7 @@ def _rows(lake: Path, sql: str, **params):
 @pytest.fixture(scope="module")
 def rollout_lake(tmp_path_factory):
     """One in-process rollout: 2 tasks x 4 attempts."""
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     lake = tmp_path_factory.mktemp("rollout") / "lake"
     cfg = _config(lake, "r-one", policy_options={"api_key": "sk-verysecretvalue123"},
@@ -113,7 +113,7 @@ def test_views_build_training_data_from_the_rollout(rollout_lake):
 
 def test_same_seeds_same_actions_with_two_workers(rollout_lake, tmp_path):
     """Two spawned workers, each with its own browser: same episodes, same actions as one worker."""
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     lake, _ = rollout_lake
     summary = run_rollouts(_config(lake, "r-two", workers=2))
@@ -160,7 +160,7 @@ class CrashingPolicy:
 
 def test_env_error_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     from halo_agent import policies
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     monkeypatch.setitem(policies.POLICIES, "crashing", (__name__, "CrashingPolicy"))
     lake = tmp_path / "lake"
