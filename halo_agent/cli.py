@@ -190,12 +190,7 @@ def _report(summary, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return
-    click.echo(
-        f"{summary.run_id}: {summary.status}, {summary.episodes_written} episodes written "
-        f"({summary.skipped_episodes} already in the lake, {summary.planned_episodes} planned), "
-        f"{summary.successes} successes, {summary.env_errors} env errors, "
-        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s, lake {summary.lake_share:.1%} of the time"
-    )
+    click.echo(summary.describe())
 
 
 @main.command()

@@ -90,7 +90,8 @@ def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -
     rollout = summary.as_dict()
     echo(
         f"      {summary.episodes_written} episodes written ({summary.skipped_episodes} already there), "
-        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s, lake share {summary.lake_share:.1%}"
+        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s"
+        + ("" if summary.lake_share is None else f", lake share {summary.lake_share:.1%}")
     )
 
     echo("[2/4] views")

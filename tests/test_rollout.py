@@ -128,6 +128,26 @@ def test_same_seeds_same_actions_with_two_workers(rollout_lake, tmp_path):
     assert actions("r-two") == actions("r-one")
 
 
+def test_a_rollout_that_writes_nothing_reports_no_lake_share(rollout_lake):
+    """Resuming a complete run writes nothing: the summary says so, and gives no share of time to the lake."""
+    from click.testing import CliRunner
+
+    from halo_agent.cli import main
+
+    lake, _ = rollout_lake
+    args = ["rollout", "--env", "miniwob", "--tasks", ",".join(TASKS), "--rollouts-per-task", str(ATTEMPTS), "--seed", "3",
+            "--task-seed", "7", "--max-steps", "5", "--lake", str(lake), "--run-id", "r-one", "--resume", "--no-progress"]
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert text.stdout.strip().splitlines()[-1] == (
+        "r-one: finished, 0 episodes written (8 already in the lake, 8 planned), 0 successes, 0 env errors, 0 steps at 0.0 steps/s"
+    )
+    as_json = CliRunner().invoke(main, [*args, "--json"])
+    summary = json.loads(as_json.stdout.strip().splitlines()[-1])
+    assert (summary["episodes_written"], summary["lake_share"]) == (0, None)
+    assert _rows(lake, "select count(*) as n from episodes where run_id = 'r-one'")[0]["n"] == 8
+
+
 class CrashingPolicy:
     """Random actions, except that the second episode crashes the page's renderer."""
 

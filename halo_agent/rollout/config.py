@@ -134,12 +134,27 @@ class RunSummary:
         return self.steps / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
     @property
-    def lake_share(self) -> float:
-        """Fraction of the run's wall time spent committing to the lake."""
-        return self.lake_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+    def lake_share(self) -> float | None:
+        """Fraction of the run's wall time spent committing to the lake; None when the run wrote nothing."""
+        # With nothing written the writer's time is only opening the lake: a share of that says nothing.
+        if self.episodes_written == 0 or self.wall_seconds <= 0:
+            return None
+        return self.lake_seconds / self.wall_seconds
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["steps_per_second"] = round(self.steps_per_second, 3)
-        out["lake_share"] = round(self.lake_share, 4)
+        out["lake_share"] = None if self.lake_share is None else round(self.lake_share, 4)
         return out
+
+    def describe(self) -> str:
+        """One line for a person: what the run did, and the lake's share of its time when it wrote anything."""
+        text = (
+            f"{self.run_id}: {self.status}, {self.episodes_written} episodes written "
+            f"({self.skipped_episodes} already in the lake, {self.planned_episodes} planned), "
+            f"{self.successes} successes, {self.env_errors} env errors, "
+            f"{self.steps} steps at {self.steps_per_second:.1f} steps/s"
+        )
+        if self.lake_share is not None:
+            text += f", lake {self.lake_share:.1%} of the time"
+        return text
