@@ -1,4 +1,4 @@
-"""The rollout sampler on real MiniWoB++ tasks in headless Chromium, into a real lake under tmp_path."""
+"""Rollouts on real MiniWoB++ tasks in headless Chromium, into a real lake under tmp_path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How the sampler hands episodes to its workers, and keeps each worker on a CPU (no browser needed)."""
+"""How a rollout hands episodes to its workers, and keeps each worker on a CPU (no browser needed)."""
 
 from __future__ import annotations
 
