@@ -1,1 +1,1 @@
-"""HALO browser agents: environments (MiniWoB++, REAL through agisdk), policies, rewards and the rollout sampler."""
+"""HALO browser agents: environments (MiniWoB++, REAL through agisdk), policies, rewards and rollouts (``halo_agent.rollout``)."""

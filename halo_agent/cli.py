@@ -1,4 +1,4 @@
-"""``halo-agent``: run browser agents into a HALO lake. Thin over ``halo_agent.sampler``.
+"""``halo-agent``: run browser agents into a HALO lake. Thin over ``halo_agent.rollout``.
 
     halo-agent tasks --env miniwob
     halo-agent rollout --env miniwob --tasks click-button,enter-text --rollouts-per-task 4 --lake lake
@@ -63,7 +63,7 @@ def tasks(env_name: str, task_version: str | None, split: str, subset: str | Non
     """List an environment's tasks (and snapshot the registry)."""
     import datetime as dt
 
-    from halo_agent.sampler import list_tasks, select_subset
+    from halo_agent.rollout import list_tasks, select_subset
 
     specs = list_tasks(env_name, task_version=task_version)
     if split != "all":
@@ -131,7 +131,7 @@ def _task_options(func):
 
 
 def _base_config(kind: str, **o: Any):
-    from halo_agent.sampler import RolloutConfig
+    from halo_agent.rollout import RolloutConfig
 
     return RolloutConfig(
         env=o["env_name"],
@@ -164,12 +164,7 @@ def _report(summary, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return
-    click.echo(
-        f"{summary.run_id}: {summary.status}, {summary.episodes_written} episodes written "
-        f"({summary.skipped_episodes} already in the lake, {summary.planned_episodes} planned), "
-        f"{summary.successes} successes, {summary.env_errors} env errors, "
-        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s, lake {summary.lake_share:.1%} of the time"
-    )
+    click.echo(summary.describe())
 
 
 @main.command()
@@ -184,7 +179,7 @@ def rollout(policy: str, model: str | None, adapter: str | None, policy_version:
     """Run tasks x rollouts-per-task episodes into the lake."""
     import dataclasses
 
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     config = dataclasses.replace(
         _base_config("rollout", **o), policy=policy, model=model, adapter=adapter, policy_version=policy_version, mode=mode
@@ -203,7 +198,7 @@ def rollout(policy: str, model: str | None, adapter: str | None, policy_version:
 @run_cli
 def eval_command(mode_names: str | None, modes_file: str | None, list_modes: bool, **o: Any) -> None:
     """Evaluate named modes on the same tasks; eval_matrix summarises the runs."""
-    from halo_agent.sampler import load_modes, run_eval
+    from halo_agent.rollout import load_modes, run_eval
 
     if list_modes:
         for name, mode in sorted(load_modes(modes_file).items()):
@@ -235,7 +230,7 @@ def eval_command(mode_names: str | None, modes_file: str | None, list_modes: boo
 @run_cli
 def verify_exploration_command(env_name, task_id, temperature_a, temperature_b, compare_steps, seed, task_seed, policy, model, adapter, task_version, policy_option, as_json) -> None:
     """Do two temperatures give different action sequences for the same seeds?"""
-    from halo_agent.sampler import RolloutConfig, verify_exploration
+    from halo_agent.rollout import RolloutConfig, verify_exploration
 
     base = RolloutConfig(
         env=env_name, seed=seed, task_seed=task_seed, policy=policy, model=model, adapter=adapter,

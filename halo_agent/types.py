@@ -1,7 +1,7 @@
 """What environments hand to policies and what policies hand back: the contract between them.
 
 Environments (``halo_agent.envs``) build an ``Observation`` per step; a policy's
-``act`` returns a ``PolicyOutput``; the sampler turns both into one row of the
+``act`` returns a ``PolicyOutput``; the episode loop (``halo_agent.rollout``) turns both into one row of the
 lake's ``steps`` table (see ``halo_data.schema.STEPS``).
 """
 

@@ -82,6 +82,7 @@ from halo_data import ids, prompts
 from halo_data import schema as S
 from halo_data.lake import Lake, LakeError
 from halo_data.records import EpisodeRecord, RecordError, StepRecord
+from halo_data.runs import RunRecord, provenance, upsert_runs, utc_now
 from halo_data.writer import EpisodeWriter, Screenshot
 
 log = logging.getLogger(__name__)
@@ -714,11 +715,10 @@ def _record_runs(lake: Lake, runs: dict[str, dict[str, Any]], sources: list[str]
     if not runs:
         return
     known = {r["run_id"] for r in lake.query_arrow("select run_id from runs").to_pylist()}
-    now = dt.datetime.now(dt.timezone.utc)
-    rows = [
-        {**fields, "status": "finished", "started_at": now, "ended_at": now,
-         "config": json.dumps({"imported_from": sources}),
-         "provenance": json.dumps({"imported_by": "halo-data import"})}
+    now = utc_now()
+    records = [
+        RunRecord(**fields, status="finished", started_at=now, ended_at=now, config={"imported_from": sources},
+                  provenance=provenance(imported_by="halo-data import"))
         for run, fields in runs.items() if run not in known
     ]
-    lake.upsert_runs(rows)
+    upsert_runs(lake, records)

@@ -22,7 +22,7 @@ import struct
 import zlib
 from typing import Iterator
 
-from halo_data import ids, prompts
+from halo_data import ids, prompts, runs
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
 from halo_data.records import EpisodeRecord, StepRecord
@@ -244,20 +244,20 @@ def build_synthetic_lake(root: str, spec: SyntheticSpec, batch_steps: int = 50_0
 
 def synthetic_run_row(spec: SyntheticSpec, command: str, planned_episodes: int | None = None, **provenance: str) -> dict:
     """The ``runs`` row of a synthetic data set."""
-    now = dt.datetime.now(dt.timezone.utc)
-    return {
-        "run_id": spec.run_id,
-        "kind": "rollout",
-        "mode": "random",
-        "env": "mixed",
-        "policy": "random",
-        "policy_version": "v0",
-        "split": "train",
-        "config": json.dumps(dataclasses.asdict(spec)),
-        "command": command,
-        "planned_episodes": planned_episodes,
-        "status": "finished",
-        "started_at": now,
-        "ended_at": now,
-        "provenance": json.dumps({"generator": "halo_data.synthetic", **provenance}),
-    }
+    now = runs.utc_now()
+    return runs.RunRecord(
+        run_id=spec.run_id,
+        kind="rollout",
+        mode="random",
+        env="mixed",
+        policy="random",
+        policy_version="v0",
+        split="train",
+        config=dataclasses.asdict(spec),
+        command=command,
+        planned_episodes=planned_episodes,
+        status="finished",
+        started_at=now,
+        ended_at=now,
+        provenance=runs.provenance(generator="halo_data.synthetic", **provenance),
+    ).row()

@@ -8,24 +8,21 @@ and appended in one commit per checkpoint and at the end — never one per step.
 
 The ``runs`` row (kind ``train``) records the job type, base model, the full
 config as JSON, the view read and the version of every lake table read
-(lineage), so ``--as-of`` can rebuild the exact dataset.
+(lineage), so ``--as-of`` can rebuild the exact dataset; ``halo_data.runs`` builds it, with
+the same provenance (package versions, git sha, host) as a rollout's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
-import platform
-import socket
-import sys
-from importlib import metadata
 from typing import Any
 
 from transformers import TrainerCallback
 
 from halo_data.lake import Lake
+from halo_data.runs import RunRecord
 from halo_data.writer import append_rows
 
 log = logging.getLogger(__name__)
@@ -87,19 +84,6 @@ class LakeMetricsCallback(TrainerCallback):
         log.debug("wrote %d metric rows of %s", len(rows), self.run_id)
 
 
-def provenance() -> str:
-    versions = {}
-    for pkg in ("halo", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "unsloth"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            continue
-    return json.dumps(
-        {"packages": versions, "python": sys.version.split()[0], "host": socket.gethostname(), "platform": platform.platform()},
-        sort_keys=True,
-    )
-
-
 def run_row(
     *,
     run_id: str,
@@ -116,25 +100,24 @@ def run_row(
     policy_version: str | None = None,
     command: str | None = None,
 ) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "kind": "train",
-        "mode": job_type,
-        "job_type": job_type,
-        "base_model": base_model,
-        "model": base_model,
-        "adapter": adapter,
-        "policy_version": policy_version,
-        "config": config_json,
-        "command": command,
-        "status": status,
-        "started_at": started_at,
-        "ended_at": ended_at,
-        "provenance": provenance(),
-        "source_view": source_view,
-        "lineage": json.dumps(lineage, sort_keys=True),
-        "output_dir": output_dir,
-    }
+    return RunRecord(
+        run_id=run_id,
+        kind="train",
+        mode=job_type,
+        job_type=job_type,
+        base_model=base_model,
+        model=base_model,
+        adapter=adapter,
+        policy_version=policy_version,
+        config=config_json,
+        command=command,
+        status=status,
+        started_at=started_at,
+        ended_at=ended_at,
+        source_view=source_view,
+        lineage=lineage,
+        output_dir=output_dir,
+    ).row()
 
 
 def record_run(lake: Lake, **fields: Any) -> None:

@@ -66,7 +66,7 @@ def _count(lake, sql: str) -> int:
 
 
 def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -> QuickstartSummary:
-    from halo_agent.sampler import RolloutConfig, run_rollouts
+    from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_data.lake import Lake
 
     t0 = time.perf_counter()
@@ -93,7 +93,8 @@ def run_quickstart(cfg: QuickstartConfig, echo: Callable[[str], None] = print) -
     rollout = summary.as_dict()
     echo(
         f"      {summary.episodes_written} episodes written ({summary.skipped_episodes} already there), "
-        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s, lake share {summary.lake_share:.1%}"
+        f"{summary.steps} steps at {summary.steps_per_second:.1f} steps/s"
+        + ("" if summary.lake_share is None else f", lake share {summary.lake_share:.1%}")
     )
 
     echo("[2/4] views")

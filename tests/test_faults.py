@@ -66,7 +66,7 @@ ROLLOUT_STEPS = 3
 def rollout_process(lake: Path, run_id: str, resume: bool) -> subprocess.Popen:
     """A rollout process that commits every 2 episodes (the CLI's default waits for 32)."""
     code = (
-        "from halo_agent.sampler import RolloutConfig, run_rollouts\n"
+        "from halo_agent.rollout import RolloutConfig, run_rollouts\n"
         f"run_rollouts(RolloutConfig(env='miniwob', tasks={ROLLOUT_TASKS!r}, rollouts_per_task={ROLLOUTS_PER_TASK}, "
         f"max_steps={ROLLOUT_STEPS}, lake={str(lake)!r}, run_id={run_id!r}, resume={resume}, "
         "flush_episodes=2, flush_seconds=3600, progress=False))\n"

@@ -1,4 +1,4 @@
-"""The rollout sampler on real MiniWoB++ tasks in headless Chromium, into a real lake under tmp_path."""
+"""Rollouts on real MiniWoB++ tasks in headless Chromium, into a real lake under tmp_path."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ATTEMPTS = 4
 
 
 def _config(lake: Path, run_id: str, **overrides):
-    from halo_agent.sampler import RolloutConfig
+    from halo_agent.rollout import RolloutConfig
 
     options = dict(
         env="miniwob", tasks=TASKS, rollouts_per_task=ATTEMPTS, policy="random", seed=3, task_seed=7,
@@ -39,7 +39,7 @@ def _rows(lake: Path, sql: str, **params):
 @pytest.fixture(scope="module")
 def rollout_lake(tmp_path_factory):
     """One in-process rollout: 2 tasks x 4 attempts."""
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     lake = tmp_path_factory.mktemp("rollout") / "lake"
     cfg = _config(lake, "r-one", policy_options={"api_key": "sk-verysecretvalue123"},
@@ -113,7 +113,7 @@ def test_views_build_training_data_from_the_rollout(rollout_lake):
 
 def test_same_seeds_same_actions_with_two_workers(rollout_lake, tmp_path):
     """Two spawned workers, each with its own browser: same episodes, same actions as one worker."""
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     lake, _ = rollout_lake
     summary = run_rollouts(_config(lake, "r-two", workers=2))
@@ -126,6 +126,26 @@ def test_same_seeds_same_actions_with_two_workers(rollout_lake, tmp_path):
         return [(r["task_id"], r["attempt_idx"], r["actions"], r["states"]) for r in rows]
 
     assert actions("r-two") == actions("r-one")
+
+
+def test_a_rollout_that_writes_nothing_reports_no_lake_share(rollout_lake):
+    """Resuming a complete run writes nothing: the summary says so, and gives no share of time to the lake."""
+    from click.testing import CliRunner
+
+    from halo_agent.cli import main
+
+    lake, _ = rollout_lake
+    args = ["rollout", "--env", "miniwob", "--tasks", ",".join(TASKS), "--rollouts-per-task", str(ATTEMPTS), "--seed", "3",
+            "--task-seed", "7", "--max-steps", "5", "--lake", str(lake), "--run-id", "r-one", "--resume", "--no-progress"]
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert text.stdout.strip().splitlines()[-1] == (
+        "r-one: finished, 0 episodes written (8 already in the lake, 8 planned), 0 successes, 0 env errors, 0 steps at 0.0 steps/s"
+    )
+    as_json = CliRunner().invoke(main, [*args, "--json"])
+    summary = json.loads(as_json.stdout.strip().splitlines()[-1])
+    assert (summary["episodes_written"], summary["lake_share"]) == (0, None)
+    assert _rows(lake, "select count(*) as n from episodes where run_id = 'r-one'")[0]["n"] == 8
 
 
 class CrashingPolicy:
@@ -160,7 +180,7 @@ class CrashingPolicy:
 
 def test_env_error_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     from halo_agent import policies
-    from halo_agent.sampler import run_rollouts
+    from halo_agent.rollout import run_rollouts
 
     monkeypatch.setitem(policies.POLICIES, "crashing", (__name__, "CrashingPolicy"))
     lake = tmp_path / "lake"

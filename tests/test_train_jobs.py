@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from halo_train import BCConfig, DPOConfig, GRPOConfig, train_bc, train_dpo, tra
 from halo_train.cli import main
 from halo_train.testing import write_fixture_episodes
 from halo_train.tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +90,8 @@ def test_bc_trains_saves_logs_and_resumes(workspace):
     assert (run["kind"], run["job_type"], run["status"], run["source_view"]) == ("train", "bc", "finished", "bc_rows")
     assert json.loads(run["lineage"]) == result.lineage and result.lineage["steps"] >= 1
     assert json.loads(run["config"])["max_steps"] == 2 and run["base_model"] == str(Path(workspace["model"]).resolve())
+    git_sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert json.loads(run["provenance"])["git_sha"] == git_sha  # the same provenance as a rollout's run
     assert "--lora-modules qwen_worker_bc=" in result.serve_command
     assert result.eval_command.endswith("halo-agent eval --modes qwen_worker_bc")
 

@@ -1,6 +1,6 @@
 """The environment interface every HALO environment implements, and BrowserGym page helpers they share.
 
-An environment is driven by the sampler one episode at a time::
+An environment is driven by the episode loop (``halo_agent.rollout``) one episode at a time::
 
     env = MiniWoBEnv(headless=True)          # one browser per worker, reused across episodes
     page = env.reset(task, task_seed=7)      # PageState: goal, url, AXTree, elements, screenshot
@@ -8,7 +8,7 @@ An environment is driven by the sampler one episode at a time::
     env.close()
 
 Environments raise ``EnvError`` for failures of the environment itself (browser
-crash, page that will not load); the sampler ends that episode with the error
+crash, page that will not load); the episode loop ends that episode with the error
 recorded and goes on. A failing *action* (no such element, timeout) is not an
 environment failure: it comes back as ``StepOutcome.action_error``.
 
@@ -98,7 +98,7 @@ class StepOutcome:
 
 @runtime_checkable
 class Environment(Protocol):
-    """What the sampler needs from an environment (``miniwob``, ``real``).
+    """What the episode loop needs from an environment (``miniwob``, ``real``).
 
     Implementations are classes constructed with keyword options (``headless``,
     ``task_version``, ...) inside the worker process that uses them, and

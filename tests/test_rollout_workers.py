@@ -1,4 +1,4 @@
-"""How the sampler hands episodes to its workers, and keeps each worker on a CPU (no browser needed)."""
+"""How a rollout hands episodes to its workers, and keeps each worker on a CPU (no browser needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from halo_agent.envs.base import TaskSpec
-from halo_agent.sampler import EpisodeSpec, TaskStickyDispatch
+from halo_agent.rollout import EpisodeSpec, TaskStickyDispatch
 
 
 def _plan(tasks: int, attempts: int) -> list[EpisodeSpec]:
@@ -49,7 +49,7 @@ def test_episodes_of_a_stopped_worker_go_to_the_others():
 def test_pin_to_cpu_keeps_the_process_and_its_children_on_one_cpu():
     code = (
         "import os, subprocess, sys\n"
-        "from halo_agent.sampler import pin_to_cpu\n"
+        "from halo_agent.rollout import pin_to_cpu\n"
         "cpus = sorted(os.sched_getaffinity(0))\n"
         "cpu = pin_to_cpu(len(cpus) + 1)\n"
         "assert cpu == cpus[(len(cpus) + 1) % len(cpus)], cpu\n"

@@ -1,0 +1,326 @@
+"""The episode loop: reset, then observe -> act -> apply -> reward until the task ends, into lake records.
+
+One ``EpisodeRunner`` per worker holds an environment and a policy and runs
+episodes one after another. Each step becomes a ``halo_data.records.StepRecord``
+(raw reward components, their weights and the shaped reward); the episode an
+``EpisodeRecord``. A failure of the environment, the policy or its API ends the
+episode with the error recorded on it; the runner stays usable for the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+from typing import Any, Sequence
+
+from halo_data import ids, prompts
+from halo_data.records import EpisodeRecord, StepRecord
+from halo_data.runs import utc_now
+from halo_data.writer import Screenshot
+
+from halo_agent.envs.base import Element, EnvError, PageState, StepOutcome, element_for_action
+from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards
+from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
+from halo_agent.types import Observation, Policy, PolicyOutput
+
+log = logging.getLogger(__name__)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool, screenshot_hash: str | None) -> Observation:
+    messages = prompts.render_messages(
+        goal=page.goal,
+        url=page.url,
+        observation=page.axtree,
+        history=history,
+        screenshot_hash=screenshot_hash,
+        use_screenshot=use_screenshot,
+    )
+    return Observation(
+        goal=page.goal,
+        url=page.url,
+        axtree=page.axtree,
+        elements=page.elements,
+        screenshot=page.screenshot,
+        screenshot_hash=screenshot_hash,
+        messages=messages,
+        history=list(history),
+        step_idx=step_idx,
+        task_id=task_id,
+        extra=dict(page.extra),
+    )
+
+
+@dataclasses.dataclass
+class _Episode:
+    """What one episode has gathered so far."""
+
+    spec: EpisodeSpec
+    started: dt.datetime
+    steps: list[StepRecord] = dataclasses.field(default_factory=list)
+    shots: dict[str, Screenshot] = dataclasses.field(default_factory=dict)
+    history: list[str] = dataclasses.field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None  # env | policy | api
+    terminated: bool = False
+    task_reward: float = 0.0
+    raw_reward: float | None = None
+    reset_ms: float = 0.0
+    env_seconds: float = 0.0
+    policy_seconds: float = 0.0
+
+    def fail(self, kind: str, error: str) -> None:
+        self.error, self.error_kind = error, kind
+
+
+@dataclasses.dataclass(frozen=True)
+class _PageAt:
+    """A page an action is chosen on (or led to), with its screenshot hash and state hash."""
+
+    page: PageState
+    shot_hash: str | None
+    state: str
+
+
+@dataclasses.dataclass
+class _Turn:
+    """One step's action: what the policy said and what the environment did with it."""
+
+    out: PolicyOutput
+    policy_ms: float
+    target: Element | None
+    outcome: StepOutcome | None = None
+    action_error: str | None = None
+    env_ms: float = 0.0
+
+    @property
+    def action_valid(self) -> bool:
+        return self.out.action is not None and self.outcome is not None and not self.action_error
+
+
+class EpisodeRunner:
+    """Runs episodes of one environment and policy (one per worker) into lake records."""
+
+    def __init__(self, config: RolloutConfig, run_id: str, env, policy: Policy, reward_config: RewardConfig):
+        self.config = config
+        self.run_id = run_id
+        self.env = env
+        self.policy = policy
+        self.rewards = reward_config
+        self.max_steps = config.effective_max_steps
+        self._sent_screenshots: set[str] = set()
+
+    def run(self, spec: EpisodeSpec) -> EpisodeResult:
+        ep = _Episode(spec, started=utc_now())
+        start = self._reset(ep)
+        if start is None:
+            ep.steps.append(self._error_step(ep))
+        else:
+            self.policy.reset(spec.policy_seed)
+            rewards = EpisodeRewards(self.rewards, spec.task.site, start_url=start.page.url, start_state=start.state)
+            at: _PageAt | None = start
+            for step_idx in range(self.max_steps):
+                at = self._step(ep, at, step_idx, rewards)
+                if at is None:
+                    break
+        self._sent_screenshots.update(ep.shots)
+        return EpisodeResult(self._episode_record(ep), ep.steps, list(ep.shots.values()), ep.env_seconds, ep.policy_seconds)
+
+    # ---------------------------------------------------------------------------------- the parts
+    def _at(self, page: PageState, ep: _Episode) -> _PageAt:
+        return _PageAt(page, self._shot(page.screenshot, ep.shots), ids.state_hash(page.url, page.axtree))
+
+    def _shot(self, png: bytes | None, shots: dict[str, Screenshot]) -> str | None:
+        if not png:
+            return None
+        shot = Screenshot.from_bytes(png)
+        if shot.hash not in self._sent_screenshots:
+            shots.setdefault(shot.hash, shot)
+        return shot.hash
+
+    def _reset(self, ep: _Episode) -> _PageAt | None:
+        """The task's first page, or None (the error recorded on ``ep``) when the environment fails."""
+        task = ep.spec.task
+        t0 = time.perf_counter()
+        page = None
+        try:
+            page = self.env.reset(task, ep.spec.task_seed)
+        except EnvError as e:
+            ep.fail("env", first_line(e))
+        except Exception as e:  # an unexpected failure of the environment is still the environment's
+            log.exception("reset of %s failed", task.task_id)
+            ep.fail("env", first_line(e))
+        ep.reset_ms = (time.perf_counter() - t0) * 1000.0
+        ep.env_seconds += ep.reset_ms / 1000.0
+        return None if page is None else self._at(page, ep)
+
+    def _step(self, ep: _Episode, at: _PageAt, step_idx: int, rewards: EpisodeRewards) -> _PageAt | None:
+        """One step on page ``at``, recorded on ``ep``; the page the next step starts from, or None when the episode ends."""
+        task_id = ep.spec.task.task_id
+        use_screenshot = bool(getattr(self.policy, "uses_screenshot", False))
+        obs = build_observation(at.page, task_id, ep.history, step_idx, use_screenshot, at.shot_hash)
+        prompt = prompts.dumps(obs.messages)
+        turn = self._act(ep, obs, step_idx)
+        self._apply(ep, turn, step_idx)
+        after = self._at(turn.outcome.page, ep) if turn.outcome is not None else None
+        step_rewards = rewards.step(
+            state_hash=at.state,
+            action=turn.out.action,
+            action_valid=turn.action_valid,
+            parse_error=turn.out.parse_error,
+            action_error=turn.action_error,
+            target=turn.target,
+            url_after=(after or at).page.url,
+            page_after=(after or at).page.axtree,
+            state_hash_after=(after or at).state,
+            env_reward=float(turn.outcome.reward) if turn.outcome is not None else 0.0,
+        )
+        ep.steps.append(self._step_record(ep, step_idx, at, after, prompt, turn, step_rewards))
+        ep.history.append(turn.out.action or (turn.out.model_output or ""))
+        outcome = turn.outcome
+        if outcome is not None:
+            ep.task_reward = float(outcome.reward)
+            if outcome.raw_reward is not None:
+                ep.raw_reward = float(outcome.raw_reward)
+            if outcome.terminated or outcome.truncated:
+                ep.terminated = bool(outcome.terminated)
+                return None
+        if ep.error is not None:
+            return None
+        return after or at
+
+    def _act(self, ep: _Episode, obs: Observation, step_idx: int) -> _Turn:
+        """The policy's action on ``obs``; a policy that raises, or whose API failed, ends the episode."""
+        t0 = time.perf_counter()
+        try:
+            out = self.policy.act(obs)
+        except Exception as e:
+            log.exception("policy failed on %s step %d", obs.task_id, step_idx)
+            out = PolicyOutput(model_output=None, action=None, parse_error=None, api_error=None)
+            ep.fail("policy", first_line(e))
+        policy_ms = (time.perf_counter() - t0) * 1000.0
+        ep.policy_seconds += policy_ms / 1000.0
+        if out.api_error and ep.error is None:
+            ep.fail("api", str(out.api_error))
+        return _Turn(out, policy_ms, element_for_action(out.action, obs.elements))
+
+    def _apply(self, ep: _Episode, turn: _Turn, step_idx: int) -> None:
+        """Runs the turn's action in the environment (when there is one and nothing has failed)."""
+        if ep.error is not None or turn.out.action is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            turn.outcome = self.env.step(turn.out.action)
+            turn.action_error = turn.outcome.action_error
+        except EnvError as e:
+            ep.fail("env", first_line(e))
+            turn.action_error = str(e)
+        except Exception as e:
+            log.exception("step of %s failed", ep.spec.task.task_id)
+            ep.fail("env", first_line(e))
+            turn.action_error = str(e)
+        turn.env_ms = (time.perf_counter() - t0) * 1000.0
+        if step_idx == 0:
+            turn.env_ms += ep.reset_ms  # the first step's environment time includes the reset that led to it
+        ep.env_seconds += turn.env_ms / 1000.0
+
+    # ---------------------------------------------------------------------------------- records
+    def _step_record(self, ep: _Episode, step_idx: int, at: _PageAt, after: _PageAt | None, prompt: str, turn: _Turn, step_rewards: StepRewards) -> StepRecord:
+        out = turn.out
+        extra: dict[str, Any] = {"policy_seed": ep.spec.policy_seed}
+        target_bbox = at.page.extra.get("element_bboxes", {}).get(turn.target.bid) if turn.target is not None else None
+        if target_bbox is not None:
+            extra["action_bbox"] = target_bbox
+        if step_rewards.milestones:
+            extra["milestones"] = step_rewards.milestones
+        if turn.outcome is not None and turn.outcome.info:
+            extra["env_info"] = _jsonable(turn.outcome.info)
+        return StepRecord(
+            step_idx=step_idx,
+            url=at.page.url,
+            goal=at.page.goal,
+            observation=at.page.axtree,
+            screenshot_hash=at.shot_hash,
+            screenshot_after_hash=after.shot_hash if after is not None else None,
+            prompt=prompt,
+            model_output=out.model_output,
+            action=out.action,
+            action_source=out.action_source,
+            action_valid=turn.action_valid,
+            parse_error=out.parse_error,
+            action_error=turn.action_error,
+            rewards=step_rewards.components,
+            weights=self.rewards.weights,
+            reward=step_rewards.reward,
+            cumulative_progress=step_rewards.cumulative_progress,
+            state_hash=at.state,
+            latency_ms=out.latency_ms or turn.policy_ms,
+            env_ms=turn.env_ms,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            logprobs=out.logprobs,
+            logprob_sum=out.logprob_sum,
+            extra=extra,
+        )
+
+    def _error_step(self, ep: _Episode) -> StepRecord:
+        """The one step of an episode whose reset failed: the error, no action, no reward."""
+        return StepRecord(
+            step_idx=0,
+            action_valid=False,
+            action_error=ep.error,
+            env_ms=ep.reset_ms,
+            weights=self.rewards.weights,
+            cumulative_progress=0.0,
+        )
+
+    def _episode_record(self, ep: _Episode) -> EpisodeRecord:
+        cfg, spec, policy = self.config, ep.spec, self.policy
+        n_steps = len(ep.steps)
+        return EpisodeRecord(
+            run_id=self.run_id,
+            env=cfg.env,
+            episode_id=spec.episode_id,
+            task_id=spec.task.task_id,
+            site=spec.task.site,
+            task_version=spec.task.task_version,
+            split=cfg.split,
+            mode=cfg.effective_mode,
+            policy=getattr(policy, "name", cfg.policy),
+            model=cfg.model or getattr(policy, "model", None),
+            adapter=cfg.adapter or getattr(policy, "adapter", None),
+            policy_version=cfg.policy_version or getattr(policy, "policy_version", None) or cfg.adapter or cfg.model,
+            attempt_idx=spec.attempt_idx,
+            seed=cfg.seed,
+            task_seed=spec.task_seed,
+            temperature=float(cfg.temperature),
+            success=bool(ep.terminated and ep.task_reward > 0 and ep.error is None),
+            task_reward=ep.task_reward,
+            raw_reward=ep.raw_reward,
+            n_steps=n_steps,
+            terminated=ep.terminated,
+            truncated=ep.error is None and not ep.terminated and n_steps >= self.max_steps,
+            error=ep.error,
+            error_kind=ep.error_kind,
+            started_at=ep.started,
+            ended_at=utc_now(),
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        if isinstance(value, dict):
+            return {str(k): _jsonable(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_jsonable(v) for v in value]
+        return repr(value)

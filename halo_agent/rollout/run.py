@@ -1,0 +1,196 @@
+"""``run_rollouts``: plan a run, record it in ``runs``, run its episodes and write them to the lake.
+
+Every run upserts its ``runs`` row (status running -> finished | failed |
+interrupted). A resumed run keeps its row and runs only the episodes the lake
+lacks; it must plan the same episodes as the run it completes. Ctrl-C or SIGTERM
+writes what finished and marks the run interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+
+from halo_data.lake import Lake
+from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_data.writer import EpisodeWriter
+
+from halo_agent.envs import EnvironmentUnavailable, environment_class
+from halo_agent.policies import PolicyUnavailable, check_policy
+from halo_agent.rewards import RewardConfig
+from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig, RolloutError, RunSummary
+from halo_agent.rollout.tasks import plan_episodes, resolve_tasks
+from halo_agent.rollout.workers import policy_for, run_in_process, run_in_workers
+
+log = logging.getLogger(__name__)
+
+# Config fields that decide which episodes a run plans: a resume must keep them.
+_PLAN_FIELDS = ("env", "tasks", "subset", "sample_size", "rollouts_per_task", "seed", "task_seed", "split", "task_version", "task_registry", "policy", "model", "adapter")
+
+
+def default_run_id(config: RolloutConfig) -> str:
+    return f"{config.kind}-{config.env}-{utc_now().strftime('%Y%m%dT%H%M%S')}"
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool, desc: str):
+        self.bar = None
+        self.done = 0
+        self.successes = 0
+        self.steps = 0
+        self.started = time.perf_counter()
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True)
+
+    def update(self, result: EpisodeResult) -> None:
+        self.done += 1
+        self.successes += int(bool(result.episode.success))
+        self.steps += len(result.steps)
+        if self.bar is not None:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            self.bar.set_postfix(success=f"{self.successes}/{self.done}", steps_s=f"{self.steps / elapsed:.1f}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Writes finished episodes and counts what was written, and the time spent in the lake."""
+
+    writer: EpisodeWriter
+    progress: _Progress
+    written: int = 0
+    successes: int = 0
+    env_errors: int = 0
+    steps: int = 0
+    lake_seconds: float = 0.0
+
+    def write(self, result: EpisodeResult) -> None:
+        t = time.perf_counter()
+        self.writer.write_episode(result.episode, result.steps, result.screenshots)
+        self.lake_seconds += time.perf_counter() - t
+        self.written += 1
+        self.successes += int(bool(result.episode.success))
+        self.env_errors += int(result.episode.error_kind == "env")
+        self.steps += len(result.steps)
+        self.progress.update(result)
+
+    def close_writer(self) -> None:
+        t = time.perf_counter()
+        self.writer.close()
+        self.lake_seconds += time.perf_counter() - t
+
+
+def run_rollouts(config: RolloutConfig) -> RunSummary:
+    """Run (or resume) a rollout or eval run into the lake; returns what it did."""
+    _check_can_start(config)
+    tasks = resolve_tasks(config)  # bad task ids fail before anything is written
+    # In-process runs build their policy now, so a policy that cannot start (no model, no key) writes nothing.
+    local_policy = policy_for(config) if config.workers == 1 else None
+    lake = Lake.init(config.lake)
+    run_id = config.run_id or default_run_id(config)
+    plan = plan_episodes(config, run_id, tasks)
+    record, done_ids = _start_record(config, lake, run_id, len(plan))
+    todo = [spec for spec in plan if spec.episode_id not in done_ids]
+    upsert_runs(lake, [record])
+    log.info("run %s: %d planned, %d already in the lake, %d to run", run_id, len(plan), len(plan) - len(todo), len(todo))
+
+    tally = _Tally(EpisodeWriter(lake, flush_episodes=config.flush_episodes, flush_seconds=config.flush_seconds),
+                   _Progress(len(todo), config.progress, desc=run_id))
+    status = "failed"
+    wall0 = time.perf_counter()
+    previous_sigterm = None
+    if hasattr(signal, "SIGTERM") and threading.current_thread() is threading.main_thread():
+        # SIGTERM (a scheduler stopping us) is handled like Ctrl-C: write what finished, mark interrupted.
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        status = _run_episodes(config, run_id, todo, tally, local_policy)
+    finally:
+        if local_policy is not None:
+            local_policy.close()
+        tally.progress.close()
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        wall = time.perf_counter() - wall0
+        try:
+            upsert_runs(lake, [record.replace(status=status, ended_at=utc_now())])
+        except Exception:
+            log.exception("could not mark run %s %s", run_id, status)
+    summary = RunSummary(
+        run_id=run_id, lake=str(config.lake), status=status, planned_episodes=len(plan), skipped_episodes=len(plan) - len(todo),
+        episodes_written=tally.written, successes=tally.successes, env_errors=tally.env_errors, steps=tally.steps,
+        wall_seconds=wall, lake_seconds=tally.lake_seconds, workers=config.workers,
+    )
+    log.info("run %s %s: %s", run_id, status, json.dumps(summary.as_dict()))
+    return summary
+
+
+def _check_can_start(config: RolloutConfig) -> None:
+    """Fails now, before anything is written, on a missing browser, policy, environment or a bad reward file."""
+    from halo_agent.browser import ensure_environment
+
+    ensure_environment()
+    try:
+        check_policy(config.policy)
+        environment_class(config.env)
+    except (PolicyUnavailable, EnvironmentUnavailable) as e:
+        raise RolloutError(str(e)) from None
+    RewardConfig.load(config.reward_config)  # fail now on a bad reward file, not in every worker
+
+
+def _start_record(config: RolloutConfig, lake: Lake, run_id: str, planned: int) -> tuple[RunRecord, set[str]]:
+    """The run's ``runs`` record at its start, and the episodes already in the lake (a resume)."""
+    record = RunRecord(
+        run_id=run_id, kind=config.kind, mode=config.effective_mode, env=config.env, policy=config.policy,
+        model=config.model, adapter=config.adapter, policy_version=config.policy_version, split=config.split,
+        task_version=config.task_version, config=config.to_json(),
+        command=list(sys.argv) if config.command is None else config.command,
+        planned_episodes=planned, status="running", started_at=utc_now(),
+    )
+    existing = existing_run(lake, run_id)
+    if existing is None:
+        return record, set()
+    if not config.resume:
+        raise RolloutError(f"run {run_id!r} already exists in {config.lake}: pass --resume to complete it, or choose another --run-id")
+    stored = json.loads(existing.get("config") or "{}")
+    mine = json.loads(config.to_json())
+    changed = [k for k in _PLAN_FIELDS if k in stored and stored.get(k) != mine.get(k)]
+    if changed:
+        raise RolloutError(f"--resume of {run_id!r} with different {', '.join(changed)} than the run had: use the original options")
+    return record.replace(started_at=existing.get("started_at") or record.started_at), lake.episode_ids(run_id)
+
+
+def _run_episodes(config: RolloutConfig, run_id: str, todo: list[EpisodeSpec], tally: _Tally, local_policy) -> str:
+    """Runs ``todo`` through ``tally``'s writer and commits what finished; the run's final status."""
+    try:
+        if todo:
+            if config.workers == 1:
+                run_in_process(config, run_id, todo, tally.write, local_policy)
+            else:
+                run_in_workers(config, run_id, todo, tally.write)
+        tally.close_writer()
+        return "finished"
+    except KeyboardInterrupt:
+        tally.close_writer()
+        log.warning("run %s interrupted: %d episodes written; complete it with --resume --run-id %s", run_id, tally.written, run_id)
+        return "interrupted"
+    except BaseException:
+        try:
+            tally.writer.close()
+        except Exception:
+            log.exception("could not write the finished episodes of run %s", run_id)
+        raise
+
+
+def _raise_keyboard_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
