@@ -174,15 +174,18 @@ def _report(summary, as_json: bool) -> None:
 @click.option("--adapter", default=None, help="LoRA adapter name or folder.")
 @click.option("--policy-version", default=None, help="Version tag stored on every step.")
 @click.option("--mode", default=None, help="Name of this policy configuration (default: the policy name).")
+@click.option("--candidates", "candidates_per_state", type=int, default=0, show_default=True,
+              help="At each step, sample N actions in the policy's call, execute each from the restored state and score it into `candidates` (0: off).")
 @run_cli
-def rollout(policy: str, model: str | None, adapter: str | None, policy_version: str | None, mode: str | None, **o: Any) -> None:
-    """Run tasks x rollouts-per-task episodes into the lake."""
+def rollout(policy: str, model: str | None, adapter: str | None, policy_version: str | None, mode: str | None, candidates_per_state: int, **o: Any) -> None:
+    """Run tasks x rollouts-per-task episodes into the lake (with --candidates, scored candidates at every state too)."""
     import dataclasses
 
     from halo_agent.rollout import run_rollouts
 
     config = dataclasses.replace(
-        _base_config("rollout", **o), policy=policy, model=model, adapter=adapter, policy_version=policy_version, mode=mode
+        _base_config("rollout", **o), policy=policy, model=model, adapter=adapter, policy_version=policy_version, mode=mode,
+        candidates_per_state=candidates_per_state,
     )
     summary = run_rollouts(config)
     _report(summary, o["as_json"])

@@ -156,3 +156,46 @@ def test_candidates_of_a_state_that_does_not_reproduce_are_never_trainable(env, 
     stored = lake.query_arrow("select score, score_source from candidates").to_pylist()
     assert stored == [{"score": None, "score_source": "unreproducible"}] * 3
     assert lake.query_arrow("select count(*) as n from dpo_pairs").to_pylist() == [{"n": 0}]
+
+
+def test_a_rollout_with_candidates_writes_steps_and_candidates_and_resume_adds_none_twice(tmp_path):
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+
+    lake_dir = tmp_path / "lake"
+    config = RolloutConfig(env="miniwob", tasks=["click-button"], rollouts_per_task=2, policy="random", seed=1, task_seed=4,
+                           max_steps=3, candidates_per_state=3, lake=str(lake_dir), run_id="r-cand", progress=False)
+    summary = run_rollouts(config)
+    lake = Lake.open(lake_dir)
+    steps = lake.query_arrow("select episode_id, step_idx, state_hash, prompt, prompt_hash, action, policy_version from steps").to_pylist()
+    candidates = lake.query_arrow("select * from candidates order by episode_id, step_idx, candidate_idx").to_pylist()
+    assert summary.candidates == len(candidates) == 3 * len(steps) > 0
+    by_step = {(s["episode_id"], s["step_idx"]): s for s in steps}
+    for c in candidates:
+        step = by_step[(c["episode_id"], c["step_idx"])]
+        assert (c["state_hash"], c["prompt"], c["prompt_hash"], c["policy_version"]) == (
+            step["state_hash"], step["prompt"], step["prompt_hash"], step["policy_version"])
+        assert (c["score_source"], c["run_id"], c["env"], c["task_id"]) == ("env", "r-cand", "miniwob", "miniwob.click-button")
+        assert c["score"] is not None
+        if c["candidate_idx"] == 0:
+            assert c["action"] == step["action"]  # the first sample is the action the episode took
+
+    # an episode whose steps are lost is run again on --resume; its candidates are already in the lake
+    lost = steps[0]["episode_id"]
+    lake.table("steps").delete(f"episode_id = '{lost}'")
+    again = run_rollouts(RolloutConfig(**{**config.__dict__, "resume": True}))
+    assert (again.episodes_written, again.candidates) == (1, 0)
+    assert lake.query_arrow("select count(*) as n from candidates").to_pylist() == [{"n": len(candidates)}]
+    assert lake.query_arrow("select count(*) as n from steps").to_pylist() == [{"n": len(steps)}]
+
+
+def test_candidates_option_needs_a_group(tmp_path):
+    from click.testing import CliRunner
+
+    from halo_agent.cli import main
+    from halo_agent.rollout import RolloutConfig, RolloutError
+
+    with pytest.raises(RolloutError, match="--candidates must be 0"):
+        RolloutConfig(candidates_per_state=1)
+    result = CliRunner().invoke(main, ["rollout", "--tasks", "click-button", "--candidates", "1", "--lake", str(tmp_path / "lake")])
+    assert result.exit_code != 0
+    assert "Error: --candidates must be 0 (none) or at least 2: a group of one has nothing to compare" in result.output

@@ -37,6 +37,7 @@ class RolloutConfig:
     seed: int = dataclasses.field(default=0, metadata={"help": "Seed of the policy's sampling; each episode derives its own from it."})
     task_seed: int | None = dataclasses.field(default=None, metadata={"help": "Seed of the task instances (default: --seed); all attempts of a task share it."})
     max_steps: int | None = dataclasses.field(default=None, metadata={"help": "Steps per episode (default: 10 for miniwob, 70 for real)."})
+    candidates_per_state: int = dataclasses.field(default=0, metadata={"help": "Sample this many actions in the policy's call at each step and score each from the restored state into `candidates` (0: none; else at least 2)."})
     workers: int = dataclasses.field(default=1, metadata={"help": "Parallel worker processes, each with its own browser."})
     pin_workers: bool = dataclasses.field(default=True, metadata={"help": "Keep each worker process, and the browser it starts, on one CPU (round robin over the CPUs this process may use)."})
     lake: str = dataclasses.field(default="lake", metadata={"help": "Lake root (created if missing)."})
@@ -64,6 +65,8 @@ class RolloutConfig:
             raise RolloutError("--workers must be at least 1")
         if self.max_steps is not None and int(self.max_steps) < 1:
             raise RolloutError("--max-steps must be at least 1")
+        if int(self.candidates_per_state) != 0 and int(self.candidates_per_state) < 2:
+            raise RolloutError("--candidates must be 0 (none) or at least 2: a group of one has nothing to compare")
         if self.sample_size is not None and int(self.sample_size) < 1:
             raise RolloutError("--sample-size must be at least 1")
         if self.tasks and self.subset:
@@ -112,6 +115,7 @@ class EpisodeResult:
     screenshots: list[Screenshot]
     env_seconds: float = 0.0
     policy_seconds: float = 0.0
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows of `candidates`
 
 
 @dataclasses.dataclass
@@ -128,6 +132,7 @@ class RunSummary:
     wall_seconds: float
     lake_seconds: float
     workers: int
+    candidates: int = 0  # candidate rows written
 
     @property
     def steps_per_second(self) -> float:
@@ -155,6 +160,8 @@ class RunSummary:
             f"{self.successes} successes, {self.env_errors} env errors, "
             f"{self.steps} steps at {self.steps_per_second:.1f} steps/s"
         )
+        if self.candidates:
+            text += f", {self.candidates} candidates"
         if self.lake_share is not None:
             text += f", lake {self.lake_share:.1%} of the time"
         return text

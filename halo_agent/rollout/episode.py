@@ -5,6 +5,11 @@ episodes one after another. Each step becomes a ``halo_data.records.StepRecord``
 (raw reward components, their weights and the shaped reward); the episode an
 ``EpisodeRecord``. A failure of the environment, the policy or its API ends the
 episode with the error recorded on it; the runner stays usable for the next one.
+
+With ``candidates_per_state`` set, the samples the policy drew in each step's one
+call (``last_samples``) are, once the episode has ended, each executed from that
+step's state restored by replay and scored (``halo_agent.candidates``): rows of the
+``candidates`` table, handed back with the episode.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.runs import utc_now
 from halo_data.writer import Screenshot
 
+from halo_agent.candidates import score_candidates
 from halo_agent.envs.base import Element, EnvError, PageState, StepOutcome, element_for_action
+from halo_agent.restore import StatePath
 from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards
 from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
 from halo_agent.types import Observation, Policy, PolicyOutput
@@ -67,6 +74,7 @@ class _Episode:
     steps: list[StepRecord] = dataclasses.field(default_factory=list)
     shots: dict[str, Screenshot] = dataclasses.field(default_factory=dict)
     history: list[str] = dataclasses.field(default_factory=list)
+    sampled: list[tuple[int, str, list[PolicyOutput]]] = dataclasses.field(default_factory=list)  # (step_idx, prompt, samples)
     error: str | None = None
     error_kind: str | None = None  # env | policy | api
     terminated: bool = False
@@ -131,7 +139,21 @@ class EpisodeRunner:
                 if at is None:
                     break
         self._sent_screenshots.update(ep.shots)
-        return EpisodeResult(self._episode_record(ep), ep.steps, list(ep.shots.values()), ep.env_seconds, ep.policy_seconds)
+        episode = self._episode_record(ep)
+        candidates = self._candidates(ep, episode)
+        return EpisodeResult(episode, ep.steps, list(ep.shots.values()), ep.env_seconds, ep.policy_seconds, candidates)
+
+    def _candidates(self, ep: _Episode, episode: EpisodeRecord) -> list[dict[str, Any]]:
+        """Rows of ``candidates`` for each step whose policy call drew at least two samples."""
+        rows: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        for step_idx, prompt, samples in ep.sampled:
+            path = StatePath.from_steps(ep.spec.task, ep.spec.task_seed, ep.steps, step_idx)
+            group = score_candidates(self.env, path, samples, self.rewards)
+            rows += group.rows(run_id=self.run_id, env=self.config.env, episode_id=episode.episode_id,
+                               task_id=episode.task_id, prompt=prompt, policy_version=episode.policy_version)
+        ep.env_seconds += time.perf_counter() - t0
+        return rows
 
     # ---------------------------------------------------------------------------------- the parts
     def _at(self, page: PageState, ep: _Episode) -> _PageAt:
@@ -168,6 +190,9 @@ class EpisodeRunner:
         obs = build_observation(at.page, task_id, ep.history, step_idx, use_screenshot, at.shot_hash)
         prompt = prompts.dumps(obs.messages)
         turn = self._act(ep, obs, step_idx)
+        samples = list(getattr(self.policy, "last_samples", None) or ())
+        if self.config.candidates_per_state and len(samples) >= 2 and ep.error is None:
+            ep.sampled.append((step_idx, prompt, samples))
         self._apply(ep, turn, step_idx)
         after = self._at(turn.outcome.page, ep) if turn.outcome is not None else None
         step_rewards = rewards.step(

@@ -4,6 +4,11 @@ Every run upserts its ``runs`` row (status running -> finished | failed |
 interrupted). A resumed run keeps its row and runs only the episodes the lake
 lacks; it must plan the same episodes as the run it completes. Ctrl-C or SIGTERM
 writes what finished and marks the run interrupted.
+
+Candidate rows (``candidates_per_state``) are appended right after the commit of
+their episodes' steps, leaving out states the lake already holds candidates for: a
+resumed run never duplicates them (a kill between the two commits loses the
+candidates of that flush, never its steps).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_data.writer import EpisodeWriter
 
+from halo_agent.candidates import write_candidates
 from halo_agent.envs import EnvironmentUnavailable, environment_class
 from halo_agent.policies import PolicyUnavailable, check_policy
 from halo_agent.rewards import RewardConfig
@@ -73,11 +79,16 @@ class _Tally:
     successes: int = 0
     env_errors: int = 0
     steps: int = 0
+    candidates: int = 0
     lake_seconds: float = 0.0
+    pending_candidates: list = dataclasses.field(default_factory=list)  # rows whose steps are not committed yet
 
     def write(self, result: EpisodeResult) -> None:
         t = time.perf_counter()
         self.writer.write_episode(result.episode, result.steps, result.screenshots)
+        self.pending_candidates += result.candidates
+        if not self.writer.pending_episodes:  # that write flushed: the steps are in, the candidates may follow
+            self._write_candidates()
         self.lake_seconds += time.perf_counter() - t
         self.written += 1
         self.successes += int(bool(result.episode.success))
@@ -88,7 +99,13 @@ class _Tally:
     def close_writer(self) -> None:
         t = time.perf_counter()
         self.writer.close()
+        self._write_candidates()
         self.lake_seconds += time.perf_counter() - t
+
+    def _write_candidates(self) -> None:
+        if self.pending_candidates:
+            self.candidates += write_candidates(self.writer.lake, self.pending_candidates)
+            self.pending_candidates = []
 
 
 def run_rollouts(config: RolloutConfig) -> RunSummary:
@@ -129,7 +146,7 @@ def run_rollouts(config: RolloutConfig) -> RunSummary:
     summary = RunSummary(
         run_id=run_id, lake=str(config.lake), status=status, planned_episodes=len(plan), skipped_episodes=len(plan) - len(todo),
         episodes_written=tally.written, successes=tally.successes, env_errors=tally.env_errors, steps=tally.steps,
-        wall_seconds=wall, lake_seconds=tally.lake_seconds, workers=config.workers,
+        wall_seconds=wall, lake_seconds=tally.lake_seconds, workers=config.workers, candidates=tally.candidates,
     )
     log.info("run %s %s: %s", run_id, status, json.dumps(summary.as_dict()))
     return summary
@@ -186,7 +203,7 @@ def _run_episodes(config: RolloutConfig, run_id: str, todo: list[EpisodeSpec], t
         return "interrupted"
     except BaseException:
         try:
-            tally.writer.close()
+            tally.close_writer()
         except Exception:
             log.exception("could not write the finished episodes of run %s", run_id)
         raise

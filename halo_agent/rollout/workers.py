@@ -38,13 +38,16 @@ def env_for(config: RolloutConfig):
 
 
 def policy_for(config: RolloutConfig) -> Policy:
+    options = dict(config.policy_options)
+    if config.candidates_per_state:
+        options.setdefault("n", config.candidates_per_state)  # the candidates come from one call
     return make_policy(
         config.policy,
         model=config.model,
         adapter=config.adapter,
         temperature=config.temperature,
         seed=config.seed,
-        **config.policy_options,
+        **options,
     )
 
 
