@@ -162,22 +162,24 @@ def test_a_rollout_with_candidates_writes_steps_and_candidates_and_resume_adds_n
     from halo_agent.rollout import RolloutConfig, run_rollouts
 
     lake_dir = tmp_path / "lake"
-    config = RolloutConfig(env="miniwob", tasks=["click-button"], rollouts_per_task=2, policy="random", seed=1, task_seed=4,
+    config = RolloutConfig(env="miniwob", tasks=["enter-text"], rollouts_per_task=2, policy="random", seed=1, task_seed=4,
                            max_steps=3, candidates_per_state=3, lake=str(lake_dir), run_id="r-cand", progress=False)
     summary = run_rollouts(config)
     lake = Lake.open(lake_dir)
-    steps = lake.query_arrow("select episode_id, step_idx, state_hash, prompt, prompt_hash, action, policy_version from steps").to_pylist()
+    steps = lake.query_arrow("select episode_id, step_idx, state_hash, prompt, prompt_hash, action, reward, policy_version from steps").to_pylist()
     candidates = lake.query_arrow("select * from candidates order by episode_id, step_idx, candidate_idx").to_pylist()
-    assert summary.candidates == len(candidates) == 3 * len(steps) > 0
+    assert summary.candidates == len(candidates) == 3 * len(steps)
+    assert max(s["step_idx"] for s in steps) >= 1  # states after actions restore too, not only first pages
     by_step = {(s["episode_id"], s["step_idx"]): s for s in steps}
     for c in candidates:
         step = by_step[(c["episode_id"], c["step_idx"])]
         assert (c["state_hash"], c["prompt"], c["prompt_hash"], c["policy_version"]) == (
             step["state_hash"], step["prompt"], step["prompt_hash"], step["policy_version"])
-        assert (c["score_source"], c["run_id"], c["env"], c["task_id"]) == ("env", "r-cand", "miniwob", "miniwob.click-button")
+        assert (c["score_source"], c["run_id"], c["env"], c["task_id"]) == ("env", "r-cand", "miniwob", "miniwob.enter-text")
         assert c["score"] is not None
         if c["candidate_idx"] == 0:
-            assert c["action"] == step["action"]  # the first sample is the action the episode took
+            # the first sample is the action the episode took, and replay scores it as the episode did
+            assert (c["action"], c["score"]) == (step["action"], pytest.approx(step["reward"]))
 
     # an episode whose steps are lost is run again on --resume; its candidates are already in the lake
     lost = steps[0]["episode_id"]
