@@ -1,1 +1,1 @@
-"""HALO browser agents: environments (MiniWoB++, REAL through agisdk), policies, rewards and rollouts (``halo_agent.rollout``)."""
+"""HALO browser agents: environments (MiniWoB++, REAL through agisdk), policies, rewards, rollouts (``halo_agent.rollout``), state restore (``halo_agent.restore``) and per-state candidates (``halo_agent.candidates``)."""
