@@ -35,7 +35,7 @@ from halo_data.runs import utc_now
 from halo_data.writer import append_rows
 
 from halo_agent.envs.base import element_for_action
-from halo_agent.restore import NotReproducible, Restored, StatePath, restore_state
+from halo_agent.restore import NotReproducible, Restored, StatePath, error_line, restore_state
 from halo_agent.rewards import RewardConfig
 from halo_agent.types import PolicyOutput
 
@@ -102,7 +102,7 @@ def _score(env, restored: Restored, sample: PolicyOutput, step_idx: int) -> floa
         try:
             outcome = env.step(action)
         except Exception as e:  # the environment failed, not the candidate: its score would mean nothing
-            return NotReproducible(step_idx, f"environment error running {action!r}: {type(e).__name__}: {e}")
+            return NotReproducible(step_idx, f"environment error running {action!r}: {error_line(e)}")
     after = outcome.page if outcome is not None else page
     action_error = outcome.action_error if outcome is not None else None
     scored = restored.rewards.step(

@@ -138,8 +138,14 @@ def restore_state(env, path: StatePath, reward_config: RewardConfig | None = Non
         if state != path.target:
             return _diverged(path, step_idx, f"state {state} where the episode saw {path.target}")
     except Exception as e:  # an environment failure is one more way for a state not to reproduce
-        return _diverged(path, step_idx, f"environment error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        return _diverged(path, step_idx, f"environment error: {error_line(e)}")
     return Restored(page, state, rewards)
+
+
+def error_line(e: BaseException) -> str:
+    """The exception's type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def _diverged(path: StatePath, step_idx: int, reason: str) -> NotReproducible:

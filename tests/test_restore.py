@@ -151,6 +151,19 @@ def test_candidates_of_a_state_that_does_not_reproduce_are_never_trainable(env, 
     assert not flagged.trainable and flagged.scores == (None, None, None)
     assert flagged.unreproducible.diverged_at == 0
 
+    class FailsOnStep:
+        """The real environment, whose browser fails when a candidate runs."""
+
+        def reset(self, task, task_seed):
+            return env.reset(task, task_seed)
+
+        def step(self, action):
+            raise RuntimeError("Target crashed")
+
+    crashed = score_candidates(FailsOnStep(), path, group.samples, reward_config)
+    assert not crashed.trainable and crashed.scores == (None, None, None)
+    assert crashed.unreproducible.reason.endswith("RuntimeError: Target crashed")
+
     lake = Lake.init(tmp_path / "lake")
     write_candidates(lake, flagged.rows(run_id="r1", env="miniwob", episode_id="e1", task_id=path.task.task_id, prompt="p", policy_version="v3"))
     stored = lake.query_arrow("select score, score_source from candidates").to_pylist()

@@ -29,16 +29,12 @@ from halo_data.writer import Screenshot
 from halo_agent.candidates import score_candidates
 from halo_agent.envs.base import Element, EnvError, PageState, StepOutcome, element_for_action
 from halo_agent.restore import StatePath
+from halo_agent.restore import error_line as first_line
 from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards
 from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
 from halo_agent.types import Observation, Policy, PolicyOutput
 
 log = logging.getLogger(__name__)
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool, screenshot_hash: str | None) -> Observation:
