@@ -15,6 +15,12 @@ import pyarrow as pa
 MAX_CELL = 80
 
 
+def _number(v: decimal.Decimal) -> int | float:
+    # DuckDB hands HUGEINT (what sum() of integers returns) to Arrow as a decimal of scale 0:
+    # an integer, and printed as one; a decimal with a fractional part stays a float.
+    return int(v) if v.is_finite() and v.as_tuple().exponent >= 0 else float(v)
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return {"$base64": True, "encoded": base64.b64encode(bytes(v)).decode("ascii")}
@@ -23,7 +29,7 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, dt.timedelta):
         return v.total_seconds()
     if isinstance(v, decimal.Decimal):
-        return float(v)
+        return _number(v)
     if isinstance(v, dict):
         return {k: _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -36,6 +42,8 @@ def _cell(v: Any) -> str:
         return ""
     if isinstance(v, (bytes, bytearray, memoryview)):
         return f"<{len(bytes(v))} bytes>"
+    if isinstance(v, decimal.Decimal):
+        v = _number(v)
     if isinstance(v, float):
         text = f"{v:.6g}"
     elif isinstance(v, (dict, list)):
@@ -72,10 +80,20 @@ def write_nl(table: pa.Table, out: TextIO) -> None:
         out.write(json.dumps(_jsonable(r), ensure_ascii=False) + "\n")
 
 
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list, bytes)):
+        return json.dumps(_jsonable(v))
+    if isinstance(v, decimal.Decimal):
+        return _number(v)
+    return v
+
+
 def write_csv(table: pa.Table, out: TextIO) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(table.column_names)
     for r in table.to_pylist():
-        w.writerow(["" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (dict, list, bytes)) else v) for v in r.values()])
+        w.writerow([_csv_cell(v) for v in r.values()])
     out.write(buf.getvalue())

@@ -102,6 +102,9 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     as_of_parsed = parse_as_of(as_of) if not isinstance(as_of, (dict, dt.datetime)) else as_of
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
+    # A Delta table's data files never change once written: read each footer once per connection,
+    # not again for every view bound and every query over the same files.
+    con.execute("SET parquet_metadata_cache = true")
     for name in S.TABLES:
         if isinstance(as_of_parsed, dt.datetime):
             version: Any = as_of_parsed

@@ -13,6 +13,8 @@ from pathlib import Path
 import duckdb
 
 SQL_DIR = Path(__file__).parent / "sql"
+# Macros the views use (order-independent aggregates), created before them.
+MACROS = SQL_DIR / "macros.sql"
 _FILE = re.compile(r"^(\d+)_([a-z_]+)\.sql$")
 
 
@@ -90,6 +92,8 @@ def create_views(con: duckdb.DuckDBPyConnection, only_for: str | None = None) ->
     """
     catalog_query = only_for is not None and _CATALOG.search(only_for)
     wanted = None if only_for is None or catalog_query else set(views_needed(only_for))
+    if wanted is None or wanted:
+        con.execute(MACROS.read_text())
     for v in all_views():
         if wanted is None or v.name in wanted:
             con.execute(f'CREATE OR REPLACE VIEW "{v.name}" AS\n{v.sql}')

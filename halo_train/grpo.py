@@ -12,23 +12,28 @@ for checkpoints, resuming, logging and progress bars.
 
 Data. One training row per member step of an episode group (``level =
 'episode'`` rows: attempts of one task with the same task_seed and
-policy_version). Its advantage is GiGPO's combination
+policy_version). The view computes its advantage, GiGPO's combination
 
-    A = A_episode + omega * A_step
+    combined_advantage = A_episode + omega * A_step
 
-where A_episode compares the episode's shaped return with its group's mean and
-A_step compares the step's discounted return with the other steps taken from the
-same anchor state (state_hash) in that group (the ``level = 'step'`` rows).
+where A_episode (the episode row's ``advantage``) compares the episode's shaped
+return with its group's mean and A_step (the ``advantage`` of the member's
+``level = 'step'`` row) compares the step's discounted return with the other
+steps taken from the same anchor state (state_hash) in that group. The trainer
+computes no advantage of its own: with the default ``--scale-rewards none`` it
+trains on ``combined_advantage`` as the view gives it.
 
-Advantages (``--scale-rewards``, TRL's meaning):
-  none  (default, Dr. GRPO)  A = reward - group mean
-  group                      A = (reward - group mean) / (group std + 1e-4)
-  batch                      A = (reward - group mean) / (std of all rewards read + 1e-4)
+Scaling (``--scale-rewards``, TRL's meaning), applied on top of the view's
+per-level advantages before they are combined with the same omega:
+  none  (default, Dr. GRPO)  A = combined_advantage
+  group                      A = A_episode / (episode group std + 1e-4) + omega * A_step / (step group std + 1e-4)
+  batch                      the same with the std of all episode rewards / all step returns read
 
-Zero-std groups. A group whose rewards are all equal carries no signal. Such
-episode groups are counted (``frac_reward_zero_std``, the fraction of episode
-groups with zero reward std) and their rows skipped — unless, with omega > 0, a
-row's anchor-state group does have spread (then A_step still teaches something).
+Zero-std groups. A group whose rewards are all equal carries no signal; the view
+gives its members an advantage of exactly 0. Such episode groups are counted
+(``frac_reward_zero_std``, the fraction of episode groups with zero reward std)
+and their rows skipped where the row's advantage is 0 — a row whose anchor-state
+group does have spread (omega > 0) keeps its A_step and is trained on.
 
 Loss. Without stored behaviour logprobs this is REINFORCE with the group mean as
 baseline: loss = -A * log pi(completion | prompt). Where ``logprob_sum`` (the
@@ -80,21 +85,17 @@ log = logging.getLogger(__name__)
 
 SCALE_EPS = 1e-4  # TRL's epsilon when dividing advantages by a std
 
-# One row per member step of an episode group, with its anchor-state (step-level) group beside it.
+# grpo_groups as it is (long form): each member step's episode row carries the view's
+# combined_advantage and the training text; its step row (the anchor state's group) is read for
+# --scale-rewards only. Episode rows come first, sorted as the training rows are.
 MEMBERS_SQL = """
 SELECT
-    e.group_key, e.member_id, e.run_id, e.task_id, e.policy_version, e.episode_id, e.step_idx,
-    e.prompt, e.completion, e.logprob_sum,
-    e.reward AS episode_reward, e.group_mean AS episode_group_mean, e.group_std AS episode_group_std,
-    e.group_size AS episode_group_size, e.zero_std AS episode_zero_std, e.advantage AS episode_advantage,
-    s.group_key AS step_group_key, s.reward AS step_reward, s.group_mean AS step_group_mean,
-    s.group_std AS step_group_std, s.group_size AS step_group_size, s.zero_std AS step_zero_std,
-    s.advantage AS step_advantage, e.combined_advantage
-FROM selected AS e
-LEFT JOIN selected AS s
-    ON s.level = 'step' AND s.episode_id = e.episode_id AND s.step_idx = e.step_idx
-WHERE e.level = 'episode'
-ORDER BY e.group_key, e.episode_id, e.step_idx
+    level, group_key, run_id, task_id, policy_version, episode_id, step_idx,
+    CASE WHEN level = 'episode' THEN prompt END AS prompt,
+    CASE WHEN level = 'episode' THEN completion END AS completion,
+    logprob_sum, reward, group_std, zero_std, advantage, combined_advantage
+FROM selected
+ORDER BY level, group_key, episode_id, step_idx
 """
 
 
@@ -112,7 +113,7 @@ def parse_policy_version(version: Any) -> int:
 
 
 def scaled(advantage: float, std: float, scale_rewards: str, batch_std: float | None = None) -> float:
-    """One level's advantage under TRL's ``scale_rewards`` (advantage = reward - group mean already)."""
+    """One level's advantage from the view (reward - group mean) under TRL's ``scale_rewards``."""
     if scale_rewards == "none":
         return advantage
     if scale_rewards == "group":
@@ -135,7 +136,7 @@ def sample_std(values: Sequence[float]) -> float:
 
 @dataclasses.dataclass
 class GroupSummary:
-    members: list[dict[str, Any]]  # rows kept, each with an "advantage"
+    members: list[dict[str, Any]]  # one per member step kept: its episode row, "advantage" the one to train with
     episode_groups: int
     zero_std_groups: int
     skipped_rows: int
@@ -147,52 +148,57 @@ class GroupSummary:
         return self.zero_std_groups / self.episode_groups if self.episode_groups else 0.0
 
 
-def compute_advantages(
+def training_members(
     rows: Sequence[dict[str, Any]],
     omega: float,
     scale_rewards: str = "none",
     policy_version: int | None = None,
     max_staleness: int | None = None,
 ) -> GroupSummary:
-    """Advantages of grpo_groups members (rows of MEMBERS_SQL); zero-std groups counted and skipped."""
+    """grpo_groups rows (long form, MEMBERS_SQL) -> one training row per member step, with its advantage.
+
+    The advantage is the view's combined_advantage. Under ``scale_rewards`` group or batch, each
+    level's advantage from the view (the episode row's and the step row's) is divided by its std
+    before they are combined with the view's omega. Rows staler than ``max_staleness`` are dropped;
+    rows of a zero-std episode group whose advantage is 0 (no anchor state with spread) are skipped.
+    """
     versions = [parse_policy_version(r.get("policy_version")) for r in rows]
     current = policy_version if policy_version is not None else max(versions, default=0)
-    fresh: list[dict[str, Any]] = []
-    stale = 0
-    for row, version in zip(rows, versions):
-        if max_staleness is not None and current - version > max_staleness:
-            stale += 1
-            continue
-        fresh.append(row)
+    fresh = [r for r, v in zip(rows, versions) if max_staleness is None or current - v <= max_staleness]
+    episode_rows = [r for r in fresh if r["level"] == "episode"]
+    step_rows = {(r["episode_id"], r["step_idx"]): r for r in fresh if r["level"] == "step"}
+    stale = sum(1 for r in rows if r["level"] == "episode") - len(episode_rows)
+    zero_std = {r["group_key"]: bool(r["zero_std"]) for r in episode_rows}
 
-    episode_zero = {}
-    for r in fresh:
-        episode_zero[r["group_key"]] = bool(r["episode_zero_std"])
     batch_std_episode = batch_std_step = None
     if scale_rewards == "batch":
         # One reward per episode (not per step row), and one return per step member.
-        per_episode = {r["episode_id"]: float(r["episode_reward"]) for r in fresh}
-        batch_std_episode = sample_std(list(per_episode.values()))
-        batch_std_step = sample_std([float(r["step_reward"]) for r in fresh if r.get("step_reward") is not None])
+        batch_std_episode = sample_std(list({r["episode_id"]: float(r["reward"]) for r in episode_rows}.values()))
+        batch_std_step = sample_std([float(r["reward"]) for r in step_rows.values()])
 
     kept: list[dict[str, Any]] = []
     skipped = 0
-    for r in fresh:
-        step_signal = omega != 0 and r.get("step_zero_std") is False
-        if r["episode_zero_std"] and not step_signal:
+    for r in episode_rows:
+        if scale_rewards == "none":
+            advantage = float(r["combined_advantage"])
+        else:
+            advantage = scaled(float(r["advantage"]), float(r["group_std"]), scale_rewards, batch_std_episode)
+            if omega != 0:
+                step = step_rows.get((r["episode_id"], r["step_idx"]))
+                if step is None:
+                    raise TrainConfigError(
+                        f"--scale-rewards {scale_rewards} with omega {omega} needs grpo_groups' step rows: "
+                        "keep level = 'step' in --where"
+                    )
+                advantage += omega * scaled(float(step["advantage"]), float(step["group_std"]), scale_rewards, batch_std_step)
+        if r["zero_std"] and advantage == 0:
             skipped += 1
             continue
-        a_episode = 0.0
-        if not r["episode_zero_std"]:
-            a_episode = scaled(float(r["episode_advantage"]), float(r["episode_group_std"]), scale_rewards, batch_std_episode)
-        a_step = 0.0
-        if step_signal:
-            a_step = scaled(float(r["step_advantage"]), float(r["step_group_std"]), scale_rewards, batch_std_step)
-        kept.append({**r, "advantage": a_episode + omega * a_step})
+        kept.append({**r, "advantage": advantage})
     return GroupSummary(
         members=kept,
-        episode_groups=len(episode_zero),
-        zero_std_groups=sum(episode_zero.values()),
+        episode_groups=len(zero_std),
+        zero_std_groups=sum(zero_std.values()),
         skipped_rows=skipped,
         stale_rows=stale,
         policy_version=current,
@@ -362,7 +368,7 @@ def make_trainer_class():
 
 def _make_dataset(cfg: GRPOConfig, read, tokenizer):
     rows = read.table.to_pylist()
-    summary = compute_advantages(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
+    summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
     log.info(
         "%d episode groups, %d with zero reward std (%.0f%%): %d rows skipped, %d stale rows dropped, %d rows kept",
         summary.episode_groups, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
@@ -382,7 +388,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer):
             dropped += 1
             continue
         encoded.append({**enc, "advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
-                        "episode_reward": r["episode_reward"], "episode_group_std": r["episode_group_std"]})
+                        "episode_reward": r["reward"], "episode_group_std": r["group_std"]})
     if dropped:
         log.warning("dropped %d rows longer than --max-length %d tokens", dropped, cfg.max_length)
     import pyarrow as pa

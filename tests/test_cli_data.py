@@ -92,6 +92,22 @@ def test_query_table_nl_csv(shared_lake):
     assert ok(SQL, "--lake", shared_lake.root, "--csv") == "run_id,episodes,any_success\nr1,2,True\nr2,1,False\n"
 
 
+def test_integers_print_as_integers_whatever_their_duckdb_type(shared_lake):
+    # sum() of integers is a HUGEINT, which reaches Arrow as a decimal of scale 0; a real decimal stays a number
+    sql = ("select run_id, sum(success::int) as successes, count(*)::uhugeint as n, 2.50::decimal(4, 2) as d "
+           "from episodes group by 1 order by 1")
+    assert ok(sql, "--lake", shared_lake.root) == (
+        '[\n {"run_id": "r1", "successes": 1, "n": 2, "d": 2.5},\n {"run_id": "r2", "successes": 0, "n": 1, "d": 2.5}\n]\n')
+    assert ok(sql, "--lake", shared_lake.root, "--nl") == (
+        '{"run_id": "r1", "successes": 1, "n": 2, "d": 2.5}\n{"run_id": "r2", "successes": 0, "n": 1, "d": 2.5}\n')
+    assert ok(sql, "--lake", shared_lake.root, "--csv") == "run_id,successes,n,d\nr1,1,2,2.5\nr2,0,1,2.5\n"
+    assert ok(sql, "--lake", shared_lake.root, "--table") == (
+        "run_id  successes  n  d\n"
+        "------  ---------  -  ---\n"
+        "r1      1          2  2.5\n"
+        "r2      0          1  2.5\n")
+
+
 def test_query_parquet_file(shared_lake, tmp_path):
     out = tmp_path / "out.parquet"
     result = run(SQL, "--lake", shared_lake.root, "--parquet", str(out))

@@ -1,4 +1,4 @@
-"""Exact tests of GRPO-from-stored-groups: Dr. GRPO advantages, zero-std skipping, staleness and the loss."""
+"""Exact tests of GRPO-from-stored-groups: the view's advantages as trained on, scaling, zero-std skipping, staleness and the loss."""
 
 from __future__ import annotations
 
@@ -8,43 +8,71 @@ import pytest
 import torch
 
 from halo_data.lake import Lake
+from halo_train.config import TrainConfigError
 from halo_train.data import read_view
-from halo_train.grpo import MEMBERS_SQL, compute_advantages, grpo_loss, parse_policy_version, sample_std
+from halo_train.grpo import MEMBERS_SQL, grpo_loss, parse_policy_version, sample_std, training_members
 from halo_train.testing import write_fixture_episodes
 
 
-def member(group, episode, reward, mean, std, zero, step_adv=0.0, step_std=0.0, step_zero=True, version="0", step_reward=0.0):
-    return {
-        "group_key": group, "episode_id": episode, "policy_version": version,
-        "episode_reward": reward, "episode_group_mean": mean, "episode_group_std": std,
-        "episode_zero_std": zero, "episode_advantage": reward - mean,
-        "step_advantage": step_adv, "step_group_std": step_std, "step_zero_std": step_zero, "step_reward": step_reward,
-    }
+def row(level, group, episode, reward, mean, std, zero, combined=None, step_idx=0, version="0"):
+    """One grpo_groups row as the view gives it (advantage exactly 0 in a zero-std group)."""
+    advantage = 0.0 if zero else reward - mean
+    return {"level": level, "group_key": group, "episode_id": episode, "step_idx": step_idx, "policy_version": version,
+            "reward": reward, "group_std": std, "zero_std": zero, "advantage": advantage,
+            "combined_advantage": advantage if combined is None else combined}
 
 
 def group(key, rewards, version="0"):
     mean = sum(rewards) / len(rewards)
-    std = sample_std(rewards)
     zero = max(rewards) - min(rewards) <= 1e-9
-    return [member(key, f"{key}-{i}", r, mean, std, zero, version=version) for i, r in enumerate(rewards)]
+    return [row("episode", key, f"{key}-{i}", r, mean, sample_std(rewards), zero, version=version) for i, r in enumerate(rewards)]
 
 
-def test_dr_grpo_advantage_is_reward_minus_group_mean():
-    rows = group("a", [1.0, 0.0, 0.0, 0.5])
-    out = compute_advantages(rows, omega=0.0, scale_rewards="none")
-    assert [m["advantage"] for m in out.members] == [0.625, -0.375, -0.375, 0.125]
+def view_rows(tmp_path, omega):
+    lake = Lake.init(tmp_path / "lake")
+    write_fixture_episodes(lake)
+    return read_view(str(tmp_path / "lake"), "grpo_groups", view_params={"omega": omega}, sql=MEMBERS_SQL).table.to_pylist()
 
 
-def test_group_scaling_divides_by_group_std_plus_epsilon():
+def test_the_trainer_trains_on_the_views_combined_advantage(tmp_path):
+    rows = view_rows(tmp_path, omega=0.5)
+    out = training_members(rows, omega=0.5, scale_rewards="none")
+    assert out.episode_groups == 3 and out.zero_std_groups == 1  # the fixture's last task acts uniformly
+    assert out.skipped_rows == 8 and len(out.members) == 16
+    episode_rows = {(r["episode_id"], r["step_idx"]): r for r in rows if r["level"] == "episode"}
+    for m in out.members:
+        assert m["advantage"] == episode_rows[m["episode_id"], m["step_idx"]]["combined_advantage"]
+    # the zero-std group's rows are the ones skipped: the view gives them exactly 0
+    skipped = [r for k, r in episode_rows.items() if k not in {(m["episode_id"], m["step_idx"]) for m in out.members}]
+    assert len(skipped) == 8 and all(r["zero_std"] and r["combined_advantage"] == 0.0 for r in skipped)
+
+
+def test_group_scaling_divides_each_levels_view_advantage_by_its_std(tmp_path):
+    omega = 0.5
+    rows = view_rows(tmp_path, omega=omega)
+    by_level = {(r["level"], r["episode_id"], r["step_idx"]): r for r in rows}
+    out = training_members(rows, omega=omega, scale_rewards="group")
+    assert len(out.members) == 16
+    for m in out.members:
+        e, s = (by_level[level, m["episode_id"], m["step_idx"]] for level in ("episode", "step"))
+        want = e["advantage"] / (e["group_std"] + 1e-4) + omega * s["advantage"] / (s["group_std"] + 1e-4)
+        assert m["advantage"] == pytest.approx(want, abs=1e-12)
+
+
+def test_group_and_batch_scaling_of_hand_made_rows():
     rows = group("a", [1.0, 0.0])
-    out = compute_advantages(rows, omega=0.0, scale_rewards="group")
     std = math.sqrt(0.5)
+    out = training_members(rows, omega=0.0, scale_rewards="group")
     assert [m["advantage"] for m in out.members] == pytest.approx([0.5 / (std + 1e-4), -0.5 / (std + 1e-4)], abs=1e-12)
+    rows = group("a", [1.0, 0.0]) + group("b", [3.0, 2.0])
+    batch_std = sample_std([1.0, 0.0, 3.0, 2.0])
+    out = training_members(rows, omega=0.0, scale_rewards="batch")
+    assert [m["advantage"] for m in out.members] == pytest.approx([0.5 / (batch_std + 1e-4), -0.5 / (batch_std + 1e-4)] * 2)
 
 
 def test_zero_std_groups_are_counted_and_skipped():
     rows = group("a", [1.0, 0.0]) + group("b", [0.3, 0.3, 0.3]) + group("c", [0.0]) + group("d", [2.0, 1.0])
-    out = compute_advantages(rows, omega=1.0, scale_rewards="none")
+    out = training_members(rows, omega=1.0, scale_rewards="none")
     assert out.episode_groups == 4
     assert out.zero_std_groups == 2  # b (all equal) and c (a single member)
     assert out.frac_reward_zero_std == 0.5
@@ -54,37 +82,32 @@ def test_zero_std_groups_are_counted_and_skipped():
 
 
 def test_anchor_state_spread_keeps_a_zero_std_episode_group_row():
+    # episode group b has zero std; two of its steps share an anchor state whose returns differ (A_step = +-0.2)
     rows = [
-        member("b", "b-0", 0.3, 0.3, 0.0, True, step_adv=0.2, step_std=0.28, step_zero=False),
-        member("b", "b-1", 0.3, 0.3, 0.0, True, step_adv=-0.2, step_std=0.28, step_zero=False),
-        member("b", "b-2", 0.3, 0.3, 0.0, True),
+        row("episode", "b", "b-0", 0.3, 0.3, 0.0, True, combined=0.1),
+        row("episode", "b", "b-1", 0.3, 0.3, 0.0, True, combined=-0.1),
+        row("episode", "b", "b-2", 0.3, 0.3, 0.0, True),
+        row("step", "b|s", "b-0", 0.5, 0.3, 0.28, False),
+        row("step", "b|s", "b-1", 0.1, 0.3, 0.28, False),
+        row("step", "b|t", "b-2", 0.3, 0.3, 0.0, True),
     ]
-    out = compute_advantages(rows, omega=0.5, scale_rewards="none")
+    out = training_members(rows, omega=0.5, scale_rewards="none")
     assert out.zero_std_groups == 1 and out.skipped_rows == 1
     assert [m["advantage"] for m in out.members] == [0.1, -0.1]
-    # omega = 0 switches anchor states off: the whole group is skipped.
-    assert compute_advantages(rows, omega=0.0).members == []
-
-
-def test_combined_advantage_matches_the_view(tmp_path):
-    lake = Lake.init(tmp_path / "lake")
-    write_fixture_episodes(lake)
-    read = read_view(str(tmp_path / "lake"), "grpo_groups", view_params={"omega": 0.5}, sql=MEMBERS_SQL)
-    rows = read.table.to_pylist()
-    out = compute_advantages(rows, omega=0.5, scale_rewards="none")
-    assert out.episode_groups == 3 and out.zero_std_groups == 1  # the fixture's last task acts uniformly
-    assert out.skipped_rows == 8 and len(out.members) == 16
-    for m in out.members:
-        assert m["advantage"] == pytest.approx(m["combined_advantage"], abs=1e-12)
+    scaled = training_members(rows, omega=0.5, scale_rewards="group")
+    assert [m["advantage"] for m in scaled.members] == pytest.approx([0.5 * 0.2 / 0.2801, -0.5 * 0.2 / 0.2801])
+    # without its step rows, scaling cannot see A_step: an error that says what to keep
+    with pytest.raises(TrainConfigError, match="keep level = 'step' in --where"):
+        training_members(rows[:3], omega=0.5, scale_rewards="group")
 
 
 def test_policy_versions_and_staleness():
     assert [parse_policy_version(v) for v in (None, "0", "12", "grpo@7", "base", 3)] == [0, 0, 12, 7, 0, 3]
     rows = group("a", [1.0, 0.0], version="2") + group("b", [1.0, 0.0], version="9")
-    out = compute_advantages(rows, omega=0.0, max_staleness=5)
+    out = training_members(rows, omega=0.0, max_staleness=5)
     assert out.policy_version == 9
     assert out.stale_rows == 2 and {m["group_key"] for m in out.members} == {"b"}
-    assert len(compute_advantages(rows, omega=0.0, policy_version=9, max_staleness=7).members) == 4
+    assert len(training_members(rows, omega=0.0, policy_version=9, max_staleness=7).members) == 4
 
 
 def _loss_inputs():

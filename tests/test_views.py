@@ -357,6 +357,16 @@ def test_grpo_steps_without_state_hash_are_not_grouped(tmp_path):
     assert [r["group_size"] for r in got] == [1, 1, 1]
 
 
+def test_grpo_zero_std_group_advantages_are_exactly_zero(tmp_path):
+    # three returns of 0.1: their float mean is 0.10000000000000002, and reward - mean would be -1.4e-17
+    t = "miniwob.tenth"
+    lake = build(tmp_path / "lake", [(episode("r", t, a), [step("S", f"click('{a}')", progress=0.1)]) for a in range(3)])
+    got = rows(lake, "select level, reward, group_size, zero_std, advantage, combined_advantage from grpo_groups "
+                     "order by level, member_id")
+    zero = dict(reward=0.1, group_size=3, zero_std=True, advantage=0.0, combined_advantage=0.0)
+    assert got == [dict(level="episode", **zero)] * 3 + [dict(level="step", **zero)] * 3
+
+
 # ---------------------------------------------------------------------- reward_stats
 def test_reward_stats_per_run_and_per_policy_version(lake):
     got = rows(lake, "select * from reward_stats order by scope, run_id, policy_version")
@@ -409,3 +419,39 @@ def test_every_view_reads_an_empty_lake(tmp_path):
     lake = build(tmp_path / "lake", [])
     for name in view_names():
         assert rows(lake, f"select count(*) as n from {name}") == [{"n": 0}], name
+
+
+def test_view_columns_have_no_hugeint_or_decimal(lake):
+    # sum() of integers is a HUGEINT in DuckDB, which Arrow and JSON see as a decimal: counts are BIGINT
+    from halo_data.views import view_names
+
+    con = lake.connect()
+    try:
+        odd = [(name, column, kind) for name in view_names()
+               for column, kind, *_ in con.execute(f"describe {name}").fetchall()
+               if kind in ("HUGEINT", "UHUGEINT") or kind.startswith("DECIMAL")]
+    finally:
+        con.close()
+    assert odd == []
+
+
+def test_view_aggregates_give_the_same_digits_on_every_run(tmp_path):
+    # Many small commits: a group's rows sit in many files, which parallel threads aggregate in any order.
+    from halo_data.synthetic import SyntheticSpec, build_synthetic_lake
+
+    spec = SyntheticSpec(n_steps=3000, attempts_per_task=4, min_steps=5, max_steps=15, screenshots=False, seed=1)
+    lake = build_synthetic_lake(str(tmp_path / "lake"), spec, batch_steps=60)
+    queries = ["select * from episodes order by episode_id", "select * from episode_summary order by all",
+               "select * from reward_stats order by all", "select * from eval_matrix order by all",
+               "select * exclude (prompt) from grpo_groups order by level, episode_id, step_idx"]
+    for sql in queries:
+        results = []
+        for _ in range(3):
+            con = lake.connect()
+            try:
+                con.execute("SET threads = 4")
+                results.append(con.sql(sql).to_arrow_table())
+            finally:
+                con.close()
+        assert results[0].num_rows > 0, sql
+        assert all(r.equals(results[0]) for r in results[1:]), sql

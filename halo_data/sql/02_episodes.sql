@@ -1,5 +1,6 @@
 -- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component and the shaped return under the current weights.
 WITH per_episode AS (
+    -- float sums are sorted_sum (macros.sql): the same digits on every run
     SELECT
         episode_id,
         any_value(run_id) AS run_id,
@@ -32,16 +33,16 @@ WITH per_episode AS (
         count(*) FILTER (WHERE NOT coalesce(action_valid, false) AND model_output IS NOT NULL) AS n_invalid_actions,
         count(*) FILTER (WHERE parse_error IS NOT NULL) AS n_parse_errors,
         max(coalesce(cumulative_progress, 0)) AS final_progress,
-        sum(coalesce(r_progress, 0)) AS r_progress,
-        sum(coalesce(r_novelty, 0)) AS r_novelty,
-        sum(coalesce(r_loop, 0)) AS r_loop,
-        sum(coalesce(r_validity, 0)) AS r_validity,
-        sum(coalesce(r_success, 0)) AS r_success,
-        sum(shaped_reward) AS shaped_return,
-        sum(coalesce(latency_ms, 0)) AS policy_ms,
-        sum(coalesce(env_ms, 0)) AS env_ms,
-        sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-        sum(coalesce(completion_tokens, 0)) AS completion_tokens
+        sorted_sum(coalesce(r_progress, 0)) AS r_progress,
+        sorted_sum(coalesce(r_novelty, 0)) AS r_novelty,
+        sorted_sum(coalesce(r_loop, 0)) AS r_loop,
+        sorted_sum(coalesce(r_validity, 0)) AS r_validity,
+        sorted_sum(coalesce(r_success, 0)) AS r_success,
+        sorted_sum(shaped_reward) AS shaped_return,
+        sorted_sum(coalesce(latency_ms, 0)) AS policy_ms,
+        sorted_sum(coalesce(env_ms, 0)) AS env_ms,
+        sum(coalesce(prompt_tokens, 0))::BIGINT AS prompt_tokens,
+        sum(coalesce(completion_tokens, 0))::BIGINT AS completion_tokens
     FROM step_rewards
     GROUP BY episode_id
 )

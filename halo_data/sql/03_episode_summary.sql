@@ -9,10 +9,10 @@ SELECT
     count(*) AS attempts,
     count(*) FILTER (WHERE success) AS successes,
     avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
-    avg(shaped_return) AS mean_shaped_return,
-    coalesce(stddev_samp(shaped_return), 0) AS std_shaped_return,
-    avg(task_reward) AS mean_task_reward,
-    avg(final_progress) AS mean_final_progress,
+    sorted_avg(shaped_return) AS mean_shaped_return,
+    coalesce(sorted_stddev_samp(shaped_return), 0) AS std_shaped_return,
+    sorted_avg(task_reward) AS mean_task_reward,
+    sorted_avg(final_progress) AS mean_final_progress,
     avg(n_steps) AS mean_steps,
     count(*) FILTER (WHERE error IS NOT NULL) AS errors
 FROM episodes

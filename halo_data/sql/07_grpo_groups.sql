@@ -1,141 +1,155 @@
--- grpo_groups: long form, one row per (level, member step). level 'episode': every step of every episode in a group of attempts of one task with the same task_seed and policy_version, rewarded with its episode's shaped return. level 'step': steps taken from the same state_hash (an anchor state) inside one episode group, rewarded with their discounted return (variable halo_gamma). advantage = reward - group_mean (Dr. GRPO, unscaled); combined_advantage = A_episode + omega * A_step on both levels (variable halo_omega; A_step is 0 for an anchor seen once).
-WITH episode_members AS (
-    SELECT
-        episode_id,
-        task_id,
-        task_seed,
-        policy_version,
-        shaped_return AS reward,
-        concat_ws('|', task_id, coalesce(CAST(task_seed AS VARCHAR), ''), coalesce(policy_version, '')) AS group_key
+-- grpo_groups: long form, one row per (level, member step). level 'episode': every step of every episode in a group of attempts of one task with the same task_seed and policy_version, rewarded with its episode's shaped return. level 'step': steps taken from the same state_hash (an anchor state) inside one episode group, rewarded with their discounted return (variable halo_gamma). advantage = reward - group_mean (Dr. GRPO, unscaled; exactly 0 in a zero-std group); combined_advantage = A_episode + omega * A_step on both levels (variable halo_omega; A_step is 0 for an anchor seen once).
+
+-- Groups are computed on compact keys (an integer per episode group, the state_hash within it) over one row per
+-- member step; the text columns and the group_key strings join once, at the end, where each step becomes its two rows.
+WITH episode_rewards AS (
+    SELECT episode_id, task_id, task_seed, coalesce(policy_version, '') AS version, shaped_return AS reward
     FROM episodes
     WHERE error IS NULL
 ),
 
-episode_group_stats AS (
+episode_groups AS (
     SELECT
-        group_key,
-        avg(reward) AS group_mean,
-        coalesce(stddev_samp(reward), 0) AS group_std,
+        task_id,
+        task_seed,
+        version,
+        -- ordered by the group's own key, so the same group gets the same id wherever this is evaluated
+        row_number() OVER (ORDER BY task_id, task_seed, version) AS group_id,
+        sorted_avg(reward) AS group_mean,
+        coalesce(sorted_stddev_samp(reward), 0) AS group_std,
         count(*) AS group_size,
         (max(reward) - min(reward)) <= 1e-9 AS zero_std
-    FROM episode_members
-    GROUP BY group_key
+    FROM episode_rewards
+    GROUP BY task_id, task_seed, version
 ),
 
-episode_groups AS (
-    SELECT m.*, g.group_mean, g.group_std, g.group_size, g.zero_std
-    FROM episode_members AS m
-    JOIN episode_group_stats AS g USING (group_key)
+episode_members AS (
+    SELECT
+        e.episode_id,
+        e.reward,
+        g.group_id,
+        g.group_mean,
+        g.group_std,
+        g.group_size,
+        g.zero_std,
+        CASE WHEN g.zero_std THEN 0.0 ELSE e.reward - g.group_mean END AS advantage
+    FROM episode_rewards AS e
+    JOIN episode_groups AS g
+        ON e.task_id = g.task_id AND e.task_seed IS NOT DISTINCT FROM g.task_seed AND e.version = g.version
+),
+
+-- what the return's window sorts: keys and numbers only
+step_keys AS (
+    SELECT
+        episode_id,
+        step_idx,
+        state_hash,
+        shaped_reward,
+        -- prompt_hash, not the prompt: the writer sets one with the other, and the hash is cheap to read
+        prompt_hash IS NOT NULL AND model_output IS NOT NULL AS trainable
+    FROM step_rewards
 ),
 
 step_returns AS (
     SELECT
-        s.episode_id,
-        s.run_id,
-        s.step_idx,
-        s.state_hash,
-        -- prompt_hash, not the prompt: the writer sets one with the other, and the hash is cheap to read
-        s.prompt_hash IS NOT NULL AND s.model_output IS NOT NULL AS trainable,
-        s.model_output AS completion,
-        s.logprob_sum,
-        s.shaped_reward,
+        episode_id,
+        step_idx,
+        state_hash,
+        trainable,
         CASE
-            WHEN getvariable('halo_gamma') = 0 THEN s.shaped_reward
-            ELSE sum(s.shaped_reward * pow(getvariable('halo_gamma'), s.step_idx)) OVER (
-                PARTITION BY s.episode_id ORDER BY s.step_idx DESC ROWS UNBOUNDED PRECEDING
-            ) / pow(getvariable('halo_gamma'), s.step_idx)
+            WHEN getvariable('halo_gamma') = 0 THEN shaped_reward
+            ELSE sum(shaped_reward * pow(getvariable('halo_gamma'), step_idx)) OVER (
+                PARTITION BY episode_id ORDER BY step_idx DESC ROWS UNBOUNDED PRECEDING
+            ) / pow(getvariable('halo_gamma'), step_idx)
         END AS discounted_return
-    FROM step_rewards AS s
-    WHERE s.episode_id IN (SELECT episode_id FROM episode_members)
+    FROM step_keys
 ),
 
 members AS (
     SELECT
-        st.*,
-        e.task_id,
-        e.task_seed,
-        e.policy_version,
-        e.group_key AS episode_group_key,
+        r.episode_id,
+        r.step_idx,
+        r.state_hash,
+        r.discounted_return,
+        e.group_id,
         e.reward AS episode_reward,
         e.group_mean AS episode_group_mean,
         e.group_std AS episode_group_std,
         e.group_size AS episode_group_size,
         e.zero_std AS episode_zero_std,
-        e.reward - e.group_mean AS episode_advantage
-    FROM step_returns AS st
-    JOIN episode_groups AS e USING (episode_id)
-    WHERE st.trainable
+        e.advantage AS episode_advantage
+    FROM step_returns AS r
+    JOIN episode_members AS e USING (episode_id)
+    WHERE r.trainable
 ),
 
--- Group statistics by aggregation and a join: much cheaper than windows over every step.
-anchor_keyed AS (
-    SELECT
-        *,
-        -- a step with no state_hash is an anchor of its own: unknown states must not be grouped together
-        episode_group_key || '|' || coalesce(state_hash, episode_id || ':' || CAST(step_idx AS VARCHAR)) AS step_group_key
-    FROM members
-),
-
+-- Anchor states: aggregated and joined back, much cheaper than windows over every step. A step with no
+-- state_hash is an anchor of its own (unknown states must not be grouped together): it joins no row here.
 anchor_stats AS (
     SELECT
-        step_group_key,
-        avg(discounted_return) AS step_group_mean,
-        coalesce(stddev_samp(discounted_return), 0) AS step_group_std,
-        count(*) AS step_group_size,
-        (max(discounted_return) - min(discounted_return)) <= 1e-9 AS step_zero_std
-    FROM anchor_keyed
-    GROUP BY step_group_key
+        group_id,
+        state_hash,
+        sorted_avg(discounted_return) AS group_mean,
+        coalesce(sorted_stddev_samp(discounted_return), 0) AS group_std,
+        count(*) AS group_size,
+        (max(discounted_return) - min(discounted_return)) <= 1e-9 AS zero_std
+    FROM members
+    WHERE state_hash IS NOT NULL
+    GROUP BY group_id, state_hash
 ),
 
-anchors AS (
-    SELECT k.*, a.step_group_mean, a.step_group_std, a.step_group_size, a.step_zero_std
-    FROM anchor_keyed AS k
-    JOIN anchor_stats AS a USING (step_group_key)
+scored AS (
+    SELECT
+        m.*,
+        coalesce(a.group_mean, m.discounted_return) AS step_group_mean,
+        coalesce(a.group_std, 0.0) AS step_group_std,
+        coalesce(a.group_size, 1) AS step_group_size,
+        coalesce(a.zero_std, true) AS step_zero_std,
+        CASE WHEN coalesce(a.zero_std, true) THEN 0.0 ELSE m.discounted_return - a.group_mean END AS step_advantage
+    FROM members AS m
+    LEFT JOIN anchor_stats AS a ON a.group_id = m.group_id AND a.state_hash = m.state_hash
 ),
 
-combined AS (
+-- the text of each member step, read once (the prompt, the lake's largest column, only when selected)
+member_texts AS (
     SELECT
-        *,
-        discounted_return - step_group_mean AS step_advantage,
-        episode_advantage + getvariable('halo_omega') * (discounted_return - step_group_mean) AS combined_advantage
-    FROM anchors
-),
-
--- Statistics run without the prompt text (the largest column of the lake); it joins once, at the end.
-long_form AS (
-    SELECT
-        'episode' AS level,
-        episode_group_key AS group_key,
-        episode_id AS member_id,
-        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, completion, logprob_sum,
-        episode_reward AS reward,
-        episode_group_mean AS group_mean,
-        episode_group_std AS group_std,
-        episode_group_size AS group_size,
-        episode_zero_std AS zero_std,
-        episode_advantage AS advantage,
-        combined_advantage
-    FROM combined
-    UNION ALL
-    SELECT
-        'step' AS level,
-        step_group_key AS group_key,
-        episode_id || ':' || CAST(step_idx AS VARCHAR) AS member_id,
-        run_id, task_id, task_seed, policy_version, episode_id, step_idx, state_hash, completion, logprob_sum,
-        discounted_return AS reward,
-        step_group_mean AS group_mean,
-        step_group_std AS group_std,
-        step_group_size AS group_size,
-        step_zero_std AS zero_std,
-        step_advantage AS advantage,
-        combined_advantage
-    FROM combined
+        c.*,
+        s.run_id,
+        s.task_id,
+        s.task_seed,
+        s.policy_version,
+        s.prompt,
+        s.model_output AS completion,
+        s.logprob_sum,
+        concat_ws('|', s.task_id, coalesce(CAST(s.task_seed AS VARCHAR), ''), coalesce(s.policy_version, '')) AS episode_group_key
+    FROM scored AS c
+    JOIN steps AS s USING (episode_id, step_idx)
 )
 
 SELECT
-    l.level, l.group_key, l.member_id,
-    l.run_id, l.task_id, l.task_seed, l.policy_version, l.episode_id, l.step_idx, l.state_hash,
-    t.prompt, l.completion, l.logprob_sum,
-    l.reward, l.group_mean, l.group_std, l.group_size, l.zero_std, l.advantage, l.combined_advantage
-FROM long_form AS l
-LEFT JOIN steps AS t ON t.episode_id = l.episode_id AND t.step_idx = l.step_idx
+    l.level,
+    CASE l.level
+        WHEN 'episode' THEN t.episode_group_key
+        ELSE t.episode_group_key || '|' || coalesce(t.state_hash, t.episode_id || ':' || CAST(t.step_idx AS VARCHAR))
+    END AS group_key,
+    CASE l.level WHEN 'episode' THEN t.episode_id ELSE t.episode_id || ':' || CAST(t.step_idx AS VARCHAR) END AS member_id,
+    t.run_id,
+    t.task_id,
+    t.task_seed,
+    t.policy_version,
+    t.episode_id,
+    t.step_idx,
+    t.state_hash,
+    t.prompt,
+    t.completion,
+    t.logprob_sum,
+    CASE l.level WHEN 'episode' THEN t.episode_reward ELSE t.discounted_return END AS reward,
+    CASE l.level WHEN 'episode' THEN t.episode_group_mean ELSE t.step_group_mean END AS group_mean,
+    CASE l.level WHEN 'episode' THEN t.episode_group_std ELSE t.step_group_std END AS group_std,
+    CASE l.level WHEN 'episode' THEN t.episode_group_size ELSE t.step_group_size END AS group_size,
+    CASE l.level WHEN 'episode' THEN t.episode_zero_std ELSE t.step_zero_std END AS zero_std,
+    CASE l.level WHEN 'episode' THEN t.episode_advantage ELSE t.step_advantage END AS advantage,
+    t.episode_advantage + getvariable('halo_omega') * t.step_advantage AS combined_advantage
+FROM member_texts AS t
+-- each member step is one row per level: a cross join with the two level names, no second pass
+CROSS JOIN (VALUES ('episode'), ('step')) AS l(level)

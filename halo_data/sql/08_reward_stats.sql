@@ -4,7 +4,6 @@ WITH groups_by_run AS (
         run_id,
         any_value(policy_version) AS policy_version,
         count(*) AS n_episodes,
-        sum(shaped_return) AS reward_sum,
         (max(shaped_return) - min(shaped_return)) <= 1e-9 AS zero_std,
         count(*) FILTER (WHERE success) AS successes
     FROM episodes
@@ -16,7 +15,6 @@ groups_by_version AS (
     SELECT
         policy_version,
         count(*) AS n_episodes,
-        sum(shaped_return) AS reward_sum,
         (max(shaped_return) - min(shaped_return)) <= 1e-9 AS zero_std,
         count(*) FILTER (WHERE success) AS successes
     FROM episodes
@@ -25,12 +23,12 @@ groups_by_version AS (
 ),
 
 episode_stats_by_run AS (
-    SELECT run_id, avg(shaped_return) AS reward_mean, coalesce(stddev_samp(shaped_return), 0) AS reward_std
+    SELECT run_id, sorted_avg(shaped_return) AS reward_mean, coalesce(sorted_stddev_samp(shaped_return), 0) AS reward_std
     FROM episodes WHERE error IS NULL GROUP BY run_id
 ),
 
 episode_stats_by_version AS (
-    SELECT policy_version, avg(shaped_return) AS reward_mean, coalesce(stddev_samp(shaped_return), 0) AS reward_std
+    SELECT policy_version, sorted_avg(shaped_return) AS reward_mean, coalesce(sorted_stddev_samp(shaped_return), 0) AS reward_std
     FROM episodes WHERE error IS NULL GROUP BY policy_version
 )
 
@@ -38,7 +36,7 @@ SELECT
     'run' AS scope,
     g.run_id,
     any_value(g.policy_version) AS policy_version,
-    sum(g.n_episodes) AS n_episodes,
+    sum(g.n_episodes)::BIGINT AS n_episodes,
     count(*) AS n_groups,
     count(*) FILTER (WHERE NOT g.zero_std) AS n_trainable_groups,
     any_value(e.reward_mean) AS reward_mean,
@@ -53,7 +51,7 @@ SELECT
     'policy_version' AS scope,
     NULL AS run_id,
     g.policy_version,
-    sum(g.n_episodes) AS n_episodes,
+    sum(g.n_episodes)::BIGINT AS n_episodes,
     count(*) AS n_groups,
     count(*) FILTER (WHERE NOT g.zero_std) AS n_trainable_groups,
     any_value(e.reward_mean) AS reward_mean,
