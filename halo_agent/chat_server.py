@@ -35,11 +35,11 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from typing import Any, Mapping
 
+from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
 from halo_agent.policies.hf_policy import AdapterNotFoundError, LocalChatModel, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _number(body: Mapping[str, Any], key: str, default: float, low: float, high:
     return value
 
 
-class ChatCompletionServer:
+class ChatCompletionServer(LocalHTTPServer):
     """The server around one ``LocalChatModel``; ``start()`` serves from a thread, ``url`` is its base URL.
 
     ``api_key``: if set, requests must carry ``Authorization: Bearer <api_key>``.
@@ -139,35 +139,12 @@ class ChatCompletionServer:
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.received: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self.thread_name = "chat-server"
+        super().__init__(self._handler(), port=port)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
-
-    def start(self) -> "ChatCompletionServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="chat-server", daemon=True)
-        self._thread.start()
-        log.info("chat completions for %s at %s", self.served_model_name, self.url)
-        return self
-
-    def serve_forever(self) -> None:
-        self._httpd.serve_forever()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> "ChatCompletionServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        return f"{self.origin}/v1"
 
     # ------------------------------------------------------------------ protocol
 
@@ -289,11 +266,7 @@ class ChatCompletionServer:
                 # vLLM answers the runtime LoRA routes in plain text, everything else in JSON.
                 text = isinstance(payload, str)
                 data = (payload if text else json.dumps(payload)).encode("utf-8")
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, status, data, "text/plain; charset=utf-8" if text else "application/json")
 
             def _error(self, e: RequestError) -> None:
                 self._send(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.status}})
@@ -357,22 +330,17 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"Error: --lora-modules takes NAME=PATH, got {item!r}\n")
             return 2
         adapters[name] = path
-    try:
+
+    def build() -> ChatCompletionServer:
         engine = LocalChatModel(args.model, adapters=adapters, device=args.device)
-        server = ChatCompletionServer(
+        return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,
         )
-    except (ModelLoadError, OSError) as e:
-        sys.stderr.write(f"Error: {e}\n")
-        return 1
-    sys.stdout.write(f"Serving {server.served_model_name} at {server.url} (HALO_VLLM_URL={server.url})\n")
-    sys.stdout.flush()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    return 0
+
+    return serve_until_interrupted(
+        build, (ModelLoadError, OSError), lambda server: f"Serving {server.served_model_name} at {server.url} (HALO_VLLM_URL={server.url})"
+    )
 
 
 if __name__ == "__main__":

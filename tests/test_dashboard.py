@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 import dashboards
 from dashboards import annotate
+from halo_agent import local_http
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
 from halo_data.query import QueryError, check_read_only
@@ -307,12 +308,7 @@ class _ChatHandler(BaseHTTPRequestHandler):
                          "message": {"role": "assistant", "content": f"click('99') # {len(body['messages'])} messages, {images} images"}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        local_http.reply(self, 200, json.dumps(reply).encode(), "application/json")
 
     def log_message(self, *args):
         pass

@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
+from halo_agent.local_http import reply  # noqa: E402
 from halo_agent.policies.hf_policy import HFPolicy, LocalChatModel, chat_prompt_ids  # noqa: E402
 from halo_agent.policies.openai_policy import OpenAIPolicy, PolicyConfigError  # noqa: E402
 from halo_agent.types import Element, Observation  # noqa: E402
@@ -160,14 +161,7 @@ class FlakyProxy:
                 if proxy.failures:
                     status, message, headers = proxy.failures.pop(0)
                     payload = json.dumps({"error": {"message": message, "type": "error", "code": status}}).encode()
-                    self.send_response(status)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
+                    return reply(self, status, payload, "application/json", headers)
                 path = self.path[len("/v1"):] if self.path.startswith("/v1") else self.path
                 request = urllib.request.Request(proxy.upstream + path, data=body, headers={"Content-Type": "application/json"})
                 try:
@@ -175,11 +169,7 @@ class FlakyProxy:
                         status, data = answer.status, answer.read()
                 except urllib.error.HTTPError as e:
                     status, data = e.code, e.read()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, status, data, "application/json")
 
             def log_message(self, *args):
                 pass

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
+from halo_agent.local_http import reply  # noqa: E402
 from halo_agent.policies.hf_policy import LocalChatModel  # noqa: E402
 from halo_agent.serving import EngineClient, EngineError  # noqa: E402
 
@@ -174,11 +175,7 @@ class FlakyEngine(http.server.ThreadingHTTPServer):
                 status, body = (503, json.dumps({"error": {"message": "busy", "type": "ServiceUnavailable", "code": 503}}))
                 if outer.loads > outer.failures:
                     status, body = 200, "Success: LoRA adapter 'v' added successfully."
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, status, body.encode(), "application/json" if status >= 400 else "text/plain")
 
             def log_message(self, *args):
                 pass

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import http.server
 import logging
-import threading
 import urllib.parse
 from pathlib import Path
+
+from halo_agent.local_http import LocalHTTPServer, reply
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,7 @@ def _handler_for(root: Path) -> type[http.server.BaseHTTPRequestHandler]:
                 self.send_error(404, "Not found")
                 return
             body = file.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Type", _CONTENT_TYPES.get(file.suffix, "application/octet-stream"))
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 200, body, _CONTENT_TYPES.get(file.suffix, "application/octet-stream"), {"Cache-Control": "no-store"})
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
             log.debug("%s %s", self.address_string(), format % args)
@@ -71,7 +67,7 @@ def _handler_for(root: Path) -> type[http.server.BaseHTTPRequestHandler]:
     return SiteHandler
 
 
-class LocalSite:
+class LocalSite(LocalHTTPServer):
     """One local clone served on 127.0.0.1 from a background thread.
 
     >>> with LocalSite("gomail") as site:   # a free port
@@ -83,32 +79,5 @@ class LocalSite:
         if site not in SITES or not root.is_dir():
             raise UnknownSiteError(f"unknown local site {site!r}: choose one of {', '.join(SITES)}")
         self.site = site
-        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(root.resolve()))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> "LocalSite":
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"site-{self.site}", daemon=True)
-        self._thread.start()
-        log.info("local %s site at %s", self.site, self.url)
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> "LocalSite":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        self.thread_name = f"site-{site}"
+        super().__init__(_handler_for(root.resolve()), port=port, host=host)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from halo_agent.local_http import serve_until_interrupted
 from halo_agent.sites import DEFAULT_PORT, SITES, LocalSite, UnknownSiteError
 
 
@@ -15,18 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 = any free port)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        site = LocalSite(args.site, port=args.port)
-    except (UnknownSiteError, OSError) as e:
-        sys.stderr.write(f"Error: {e}\n")
-        return 1
-    sys.stdout.write(f"Serving {args.site} at {site.url} (Ctrl-C to stop)\n")
-    sys.stdout.flush()
-    try:
-        site.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return serve_until_interrupted(
+        lambda: LocalSite(args.site, port=args.port), (UnknownSiteError, OSError),
+        lambda site: f"Serving {args.site} at {site.url} (Ctrl-C to stop)",
+    )
 
 
 if __name__ == "__main__":
