@@ -78,6 +78,7 @@ class OnlineConfig:
     max_episode_steps: int = _field(5, "Steps per episode.")
     init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
     engine_url: str | None = _field(None, "An OpenAI-compatible engine already running (vLLM with runtime LoRA, or HALO's chat server).")
+    engine_wait: float = _field(60.0, "Seconds to wait for the engine to answer at the start.")
     serve: bool = _field(False, "Start HALO's chat server (CPU) on 127.0.0.1 for the run and stop it at the end.")
     group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
@@ -335,7 +336,7 @@ def _engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
         url = cfg.engine_url or stack.enter_context(_chat_server(cfg.base_model, out / "engine.log"))
         engine = EngineClient(url)
         try:
-            engine.wait_ready(timeout=60 if cfg.serve else 10)
+            engine.wait_ready(timeout=cfg.engine_wait)
             cards = engine.models()
         except EngineError as e:
             raise OnlineError(str(e)) from None
