@@ -66,6 +66,8 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path
     one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
     assert one.keys() == two.keys()
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
+    # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
+    assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
     # One line per iteration, no raw dicts.
     assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]
     assert all("{" not in line for line in lines)
