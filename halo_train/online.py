@@ -55,12 +55,6 @@ log = logging.getLogger(__name__)
 
 GROUP_BY = ("episode",)  # per-state groups (candidates from restored states) are not built yet
 STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
-# Metrics written to train_metrics per iteration (step = iteration), documented in README.
-METRICS = (
-    "policy_version", "rewards/mean", "rewards/std", "success_rate/train", "success_rate/heldout",
-    "frac_reward_zero_std", "trainable_groups", "reload_seconds", "rollout_steps_per_second", "update_seconds",
-    "loss", "clip_ratio", "importance_ratio_mean",
-)
 
 
 class OnlineError(TrainConfigError):
@@ -171,7 +165,7 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     record, iterations = _start_record(cfg, lake, run_id)
     status = "failed"
     try:
-        with _engine(cfg, out) as (engine, base_name):
+        with open_engine(cfg, out) as (engine, base_name):
             served = _serve_start(engine, cfg, iterations)
             trained = _latest_adapter(cfg, iterations)
             for k in range(len(iterations), cfg.iterations):
@@ -218,7 +212,7 @@ def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained:
         if swap.loaded:
             it["_served"] = new
         else:
-            log.warning("reload refused: %s", swap.message)
+            log.info("reload refused: %s", swap.message)  # the iteration's line says so
     if cfg.eval_every and (k + 1) % cfg.eval_every == 0:
         metrics["success_rate/heldout"] = evaluate(cfg, engine, base_name, it["_served"], run_id)
     it["served_after"] = {"name": it["_served"].name, "version": it["_served"].version, "path": it["_served"].path}
@@ -328,7 +322,7 @@ def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]
 
 
 @contextlib.contextmanager
-def _engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
+def open_engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
     """An engine client and the base model's served name; with --serve, a chat server started and stopped here."""
     from halo_agent.serving import EngineClient, EngineError
 
@@ -349,6 +343,7 @@ def _engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
 @contextlib.contextmanager
 def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
     """HALO's chat server on 127.0.0.1 (a free port) in a child process; yields its URL, stops it after."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as errors:
         proc = subprocess.Popen(
             [sys.executable, "-m", "halo_agent.chat_server", "--model", str(base_model), "--port", "0", "--device", "cpu"],
