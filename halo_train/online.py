@@ -299,6 +299,8 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
         (staging / "final").rename(final)
         shutil.rmtree(staging, ignore_errors=True)
     stats = json.loads((final / STATS_FILE).read_text())
+    if stats.get("run_id") != f"{run_id}-u{version}":
+        raise OnlineError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
     trainer_metrics = stats.get("metrics") or {}
     return {
         "adapter": final.resolve(), "run_id": stats["run_id"], "lineage": stats.get("lineage"),
@@ -392,6 +394,9 @@ def _run_id(cfg: OnlineConfig, out: Path) -> str:
             raise OnlineError(f"nothing to resume in {out}: no {STATE_FILE} (start the run without --resume)")
         return json.loads(state.read_text())["run_id"]
     run_id = cfg.run_id or f"online-{utc_now().strftime('%Y%m%dT%H%M%S')}"
+    if not cfg.resume and any(out.glob("policy-*")):
+        # A new run would adopt another run's saved versions as its own.
+        raise OnlineError(f"{out} already holds policy-* adapters of another run: pass --resume, or choose another --output-dir")
     state.write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
     return run_id
 

@@ -180,3 +180,12 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[-1].startswith(message), result.output
     assert "Traceback" not in result.output
+
+
+def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_path):
+    from halo_train.online import OnlineError, run_online
+
+    (tmp_path / "out" / "policy-1").mkdir(parents=True)
+    with pytest.raises(OnlineError, match="already holds policy-\\* adapters of another run: pass --resume"):
+        run_online(online_config(tiny, tmp_path, serve=True))
+    assert not (tmp_path / "lake").exists() or not query(str(tmp_path / "lake"), "select * from runs")
