@@ -200,7 +200,9 @@ def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained:
     update = _update(cfg, lake, rollout.run_id, served, trained, run_id) if stats["n_trainable_groups"] else None
     it["_trained"], it["_served"] = trained, served
     if update is None:
-        it["update"] = "skipped: every group has zero reward spread"
+        flat = not stats["n_trainable_groups"]
+        it["update"] = "skipped: every group has zero reward spread" if flat else (
+            f"skipped: v{served.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
     else:
         new = Served(f"policy-{trained.version + 1}", trained.version + 1, str(update["adapter"]))
         it.update(adapter=new.path, train_run=update["run_id"], lineage=update["lineage"], update="trained")
