@@ -94,6 +94,8 @@ def load_tokenizer(name: str):
 def load_for_training(cfg: TrainConfig) -> LoadedModel:
     backend = resolve_backend(cfg.backend)
     name = base_model_path(cfg.base_model)
+    if backend == "unsloth" and cfg.init_adapter:
+        raise TrainConfigError("--init-adapter is not supported with --backend unsloth yet: use --backend peft")
     if backend == "unsloth":
         return _load_unsloth(cfg, name)
     from peft import get_peft_model
@@ -109,9 +111,23 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
         raise TrainConfigError(
             f"--target-modules {', '.join(missing)} not found in {name}: choose among its linear layers, e.g. q_proj,v_proj"
         )
+    if cfg.init_adapter:
+        return LoadedModel(_warm_start(model, cfg.init_adapter), tokenizer, "peft")
     model = get_peft_model(model, lora_config(cfg))
     log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
     return LoadedModel(model, tokenizer, "peft")
+
+
+def _warm_start(model, adapter_dir: str):
+    """``model`` with the adapter in ``adapter_dir`` attached and trainable (its saved weights, rank and targets)."""
+    from peft import PeftModel
+
+    try:
+        model = PeftModel.from_pretrained(model, str(Path(adapter_dir).expanduser()), is_trainable=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise TrainConfigError(f"cannot load --init-adapter {adapter_dir}: {str(e).splitlines()[0]}") from None
+    log.info("warm start from adapter %s", adapter_dir)
+    return model
 
 
 def _load_unsloth(cfg: TrainConfig, name: str) -> LoadedModel:

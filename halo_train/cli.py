@@ -203,6 +203,39 @@ def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: 
     run_quickstart(cfg, echo=click.echo)
 
 
+def _online_command() -> click.Command:
+    from halo_train.online import OnlineConfig
+
+    hints = typing.get_type_hints(OnlineConfig)
+
+    @click.pass_context
+    @run_cli
+    def command(ctx: click.Context, **options: Any) -> None:
+        from halo_train.online import run_online
+
+        verbose = bool(ctx.find_root().params.get("verbose"))
+        _setup_logging(logging.DEBUG if verbose else logging.WARNING)
+        if not verbose:
+            _quiet_libraries()
+        cfg = OnlineConfig(**{k: v for k, v in options.items() if v is not None})
+        summary = run_online(cfg, echo=click.echo)
+        metrics_sql = f"select step, metric, value from train_metrics where run_id = '{summary.run_id}' order by step, metric"
+        click.echo(f"run {summary.run_id}: {len(summary.iterations)} iterations, serving {summary.served or 'the base model'}")
+        click.echo(f"metrics:  {script_command('halo-data', 'query', metrics_sql, '--lake', cfg.lake)}")
+
+    for field in reversed(dataclasses.fields(OnlineConfig)):
+        command = _option_for(field, hints[field.name])(command)
+    return click.command("online-grpo", help=ONLINE_HELP)(command)
+
+
+ONLINE_HELP = """Online GRPO: sample with the served policy version, land the steps in the lake, update from
+grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine under that name, repeat.
+
+Train task seeds are --train-seed-start + iteration; held-out seeds start at --eval-seed-start
+and must lie past them (checked). --group-by takes only `episode` for now. --serve starts HALO's
+chat server on CPU; for vLLM start it yourself (see README) and pass --engine-url."""
+
+
 def _quiet_libraries() -> None:
     """The quickstart's output is its progress bars, one line per job and the summary: the
     libraries' own progress bars, notices and warnings about their internals are not."""
@@ -216,6 +249,9 @@ def _quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+main.add_command(_online_command())
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class TrainConfig:
     gradient_checkpointing: bool | None = _field(None, "Recompute activations to save memory; on with a CUDA GPU by default.")
     report_to: str = _field("none", "none | tensorboard (written offline under OUTPUT_DIR/runs).", choices=REPORT_TO)
     resume_from: str | None = _field(None, "Continue from a checkpoint folder (OUTPUT_DIR/checkpoint-N) at its saved step.")
+    init_adapter: str | None = _field(
+        None, "Warm start: continue training this PEFT adapter folder (e.g. an SFT adapter) instead of fresh LoRA weights; "
+        "its own rank and target modules apply."
+    )
 
     job_type: typing.ClassVar[str] = ""
     default_view: typing.ClassVar[str] = ""
@@ -154,6 +158,11 @@ class TrainConfig:
                 raise TrainConfigError("top_percent is given both as --top-percent and --set: give it once")
         if self.where is not None and not self.where.strip():
             self.where = None
+        if self.init_adapter is not None and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
+            raise TrainConfigError(
+                f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json): "
+                "pass the folder a training job saved (OUTPUT_DIR/final)"
+            )
         if self.resume_from is not None:
             state = Path(self.resume_from) / "trainer_state.json"
             if not state.exists():

@@ -1,0 +1,95 @@
+"""Does online GRPO make the tiny model better on held-out task seeds? Start, random and final, in one run.
+
+    .venv/bin/python -m bench online                               # click-button, 8 iterations
+    .venv/bin/python -m bench online --task click-tab --iterations 12
+
+Set-up (all on CPU, nothing downloaded):
+1. warm-up data: the random policy on ``--warmup-seeds`` task seeds (from 50000 on) of the task;
+2. the tiny model, fine-tuned on those steps' bc_rows (SFT), so its answers parse as actions;
+3. ``run_online`` from it: iteration k trains on task seed k, ``--group-size`` attempts;
+4. held-out success on task seeds 100000... (never trained on, never warmed up on) of the
+   start model and of the random policy before the loop, and of the served version every
+   ``--eval-every`` iterations: the curve.
+
+The figures are printed and written to bench/results/online-<time>.json. It is a
+measurement, never a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+WARMUP_SEED_START = 50_000
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench online", description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default="click-button")
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-episode-steps", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=4, help="Optimizer steps per update.")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup-seeds", type=int, default=8)
+    ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--eval-seeds", type=int, default=4)
+    ap.add_argument("--eval-attempts", type=int, default=4)
+    ap.add_argument("--workdir", help="Where the lake, model and adapters go (default: a temporary folder).")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_train.online import OnlineConfig, Served, evaluate, open_engine, run_online
+    from halo_train.tiny_model import build_tiny_model
+
+    t0 = time.perf_counter()
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="halo-online-"))
+    lake = str(work / "lake")
+    for seed in range(WARMUP_SEED_START, WARMUP_SEED_START + a.warmup_seeds):
+        run_rollouts(RolloutConfig(env="miniwob", tasks=[a.task], rollouts_per_task=a.group_size, policy="random",
+                                   max_steps=a.max_episode_steps, task_seed=seed, seed=seed, lake=lake,
+                                   run_id=f"warmup-s{seed}", resume=True, progress=False))
+    model = build_tiny_model(work / "tiny", warmup_lake=lake, steps=a.warmup_steps, where="run_id like 'warmup-%'")
+    cfg = OnlineConfig(
+        base_model=str(model), tasks=[a.task], iterations=a.iterations, group_size=a.group_size,
+        max_episode_steps=a.max_episode_steps, train_steps=a.train_steps, lr=a.lr, serve=True, eval_every=a.eval_every,
+        eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, lake=lake, output_dir=str(work / "out"),
+        run_id="online", resume=(work / "out" / "online_run.json").exists(),
+    )
+    with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
+        start = evaluate(cfg, engine, base_name, Served(None, 0), "online")
+        random = evaluate(cfg, engine, base_name, Served(None, 0), "online", policy="random")
+    summary = run_online(cfg)
+    curve = [
+        {"iteration": it["iteration"], "sampled_version": it["sampled_version"],
+         "train_success": it["metrics"]["success_rate/train"], "heldout_success": it["metrics"].get("success_rate/heldout"),
+         "frac_reward_zero_std": it["metrics"]["frac_reward_zero_std"], "updated": it["update"] == "trained"}
+        for it in summary.iterations
+    ]
+    final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
+    result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": a.eval_seeds * a.eval_attempts,
+              "start": start, "random": random, "final": final, "curve": curve, "seconds": time.perf_counter() - t0}
+    print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts): "
+          f"start {start:.0%}, random {random:.0%}, final {final if final is None else f'{final:.0%}'}")
+    print("iteration  version  train success  held-out  flat groups  updated")
+    for c in curve:
+        held = "" if c["heldout_success"] is None else f"{c['heldout_success']:.0%}"
+        print(f"{c['iteration']:>9}  {c['sampled_version']:>7}  {c['train_success']:>13.0%}  {held:>8}  "
+              f"{c['frac_reward_zero_std']:>11.0%}  {c['updated']}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"{result['seconds']:.0f} s; results in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+"""Online GRPO: sample with the served policy, land the steps in the lake, update from its groups, reload, repeat.
+
+    halo-train online-grpo --env miniwob --tasks click-button,click-tab --iterations 30 --group-size 8 \\
+        --base-model models/tiny --output-dir out/online --serve
+
+    from halo_train.online import OnlineConfig, run_online
+    summary = run_online(OnlineConfig(base_model="models/tiny", tasks=["click-button"], serve=True))
+
+Versions. Version v is the policy after v updates: ``OUTPUT/policy-{v}`` (version 0 is the base
+model, or ``--init-adapter`` served as ``policy-0``). The engine serves one version at a time,
+under the name ``policy-{v}``; every row a rollout writes carries ``policy_version = v`` of the
+version that sampled it, never of a version that failed to load.
+
+Each iteration k (one rollout run ``RUN-k{k}`` per iteration, so an iteration's rows are one run):
+
+1. sample ``--group-size`` attempts of every task on train task seed ``--train-seed-start + k``
+   with the served version (stored with their sampled-token logprobs);
+2. update with ``train_grpo`` reading only this run's rows of the served version from
+   ``grpo_groups`` (dr_grpo by default, importance ratio against the stored logprobs), starting
+   from the newest trained adapter (``--max-staleness`` bounds how far behind the served one may be);
+3. save ``OUTPUT/policy-{v+1}`` (renamed into place only when complete);
+4. load it into the engine as ``policy-{v+1}`` and unload the old name; a refused load keeps the
+   old version serving and says so in one line;
+5. record the iteration (lineage, adapter, metrics) in the online run's ``runs`` row and its
+   metrics in ``train_metrics`` (step = k).
+
+An iteration whose groups all have zero reward spread has nothing to learn from: it is recorded
+without an update and the version stays. Held-out evaluation (``--eval-every``) runs the served
+version on task seeds ``--eval-seed-start ...``, a range the train seeds never reach.
+
+Resume. An iteration is complete once its record is in the ``runs`` row. ``--resume`` reloads the
+version served after the last complete one and redoes the rest of the interrupted iteration:
+the rollout run resumes by its deterministic episode ids (nothing lost or written twice), and an
+adapter folder already saved but not yet recorded is adopted, not trained again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from halo_data.lake import Lake
+from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_train.config import GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path
+
+log = logging.getLogger(__name__)
+
+GROUP_BY = ("episode",)  # per-state groups (candidates from restored states) are not built yet
+STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
+
+
+class OnlineError(TrainConfigError):
+    """An online run that cannot start or go on as configured; one line that says what to do."""
+
+
+@dataclasses.dataclass
+class OnlineConfig:
+    base_model: str = _field("", "Base model folder (or hub id) the engine serves and the updates train on.")
+    output_dir: str = _field("out/online", "Where policy-{v} adapter folders go.")
+    env: str = _field("miniwob", "Environment (miniwob).")
+    tasks: list = _field(["click-button"], "Tasks to train on, comma-separated.")
+    iterations: int = _field(2, "Iterations (sample, update, reload) in all, counting those a resumed run already did.")
+    group_size: int = _field(8, "Attempts per task and task seed: one GRPO group.")
+    max_episode_steps: int = _field(5, "Steps per episode.")
+    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
+    engine_url: str | None = _field(None, "An OpenAI-compatible engine already running (vLLM with runtime LoRA, or HALO's chat server).")
+    engine_wait: float = _field(60.0, "Seconds to wait for the engine to answer at the start.")
+    serve: bool = _field(False, "Start HALO's chat server (CPU) on 127.0.0.1 for the run and stop it at the end.")
+    group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
+    loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
+    beta: float = _field(0.0, "KL coefficient against the base model; 0 (no KL) is the only value the GRPO trainer takes today.")
+    max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
+    train_steps: int = _field(2, "Optimizer steps per update.")
+    lr: float = _field(1e-5, "Learning rate of each update.")
+    lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
+    batch_size: int = _field(4, "Rows per optimizer step.")
+    temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
+    max_tokens: int = _field(64, "Most tokens an action may take.")
+    train_seed_start: int = _field(0, "Iteration k trains on task seed train_seed_start + k.")
+    eval_every: int = _field(0, "Evaluate the served version on held-out task seeds every N iterations (0: never).")
+    eval_tasks: list = _field([], "Tasks to evaluate (default: --tasks).")
+    eval_seeds: int = _field(2, "Held-out task seeds: eval_seed_start ... eval_seed_start + eval_seeds - 1.")
+    eval_seed_start: int = _field(100_000, "First held-out task seed; must lie past every train seed.")
+    eval_attempts: int = _field(2, "Attempts per held-out task seed.")
+    seed: int = _field(0, "Seed of sampling and training.")
+    lake: str = _field("lake", "Lake root.")
+    run_id: str | None = _field(None, "Run id of the online run (default: online-<UTC time>; --resume reads it from OUTPUT).")
+    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
+    progress: bool = _field(True, "Show progress bars.")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tasks, str):
+            self.tasks = [t.strip() for t in self.tasks.split(",") if t.strip()]
+        if isinstance(self.eval_tasks, str):
+            self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()]
+        self.eval_tasks = list(self.eval_tasks) or list(self.tasks)
+        if not self.base_model:
+            raise OnlineError("give --base-model (a local model folder or a hub id)")
+        if not self.tasks:
+            raise OnlineError("give --tasks, e.g. --tasks click-button")
+        if bool(self.engine_url) == bool(self.serve):
+            raise OnlineError("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
+        if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
+            raise OnlineError(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
+        if self.group_by not in GROUP_BY:
+            raise OnlineError(f"--group-by {self.group_by} is not built yet: use --group-by episode")
+        if self.beta != 0 and "beta" not in {f.name for f in dataclasses.fields(GRPOConfig)}:
+            raise OnlineError("--beta (a KL term) is not supported by the GRPO trainer yet: leave it at 0")
+        for name in ("iterations", "group_size", "max_episode_steps", "train_steps", "eval_seeds", "eval_attempts", "max_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise OnlineError("--group-size must be at least 2: a group of one has no spread to learn from")
+        if self.eval_every < 0 or self.max_staleness < 0:
+            raise OnlineError("--eval-every and --max-staleness must be 0 or more")
+        train_seeds = range(self.train_seed_start, self.train_seed_start + self.iterations)
+        eval_seeds = range(self.eval_seed_start, self.eval_seed_start + self.eval_seeds)
+        if max(train_seeds.start, eval_seeds.start) < min(train_seeds.stop, eval_seeds.stop):
+            raise OnlineError(
+                f"train task seeds {train_seeds.start}..{train_seeds.stop - 1} overlap held-out seeds "
+                f"{eval_seeds.start}..{eval_seeds.stop - 1}: raise --eval-seed-start past {train_seeds.stop - 1}"
+            )
+        if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
+            raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Served:
+    """What the engine serves now: the request name (None: the base model) and its version."""
+
+    name: str | None
+    version: int
+    path: str | None = None
+
+
+@dataclasses.dataclass
+class OnlineSummary:
+    run_id: str
+    iterations: list[dict[str, Any]]
+    served: str | None
+    seconds: float
+
+
+# ---------------------------------------------------------------------------------------- the loop
+
+
+def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> OnlineSummary:
+    """Run (or resume) an online GRPO run; one line per iteration through ``echo``."""
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lake = Lake.init(cfg.lake)
+    run_id = _run_id(cfg, out)
+    record, iterations = _start_record(cfg, lake, run_id)
+    status = "failed"
+    try:
+        with open_engine(cfg, out) as (engine, base_name):
+            served = _serve_start(engine, cfg, iterations)
+            trained = _latest_adapter(cfg, iterations)
+            for k in range(len(iterations), cfg.iterations):
+                it = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
+                served, trained = it.pop("_served"), it.pop("_trained")
+                iterations.append(it)
+                record = record.replace(adapter=served.name, policy_version=str(served.version),
+                                        config={**cfg.to_dict(), "iterations": iterations}, lineage=it.get("lineage") or record.lineage)
+                upsert_runs(lake, [record])
+                _write_metrics(lake, run_id, k, it["metrics"])
+                echo(_describe(it))
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        upsert_runs(lake, [record.replace(status=status, ended_at=utc_now())])
+    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
+
+
+def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained: Served) -> dict[str, Any]:
+    """One iteration: sample with ``served``, update ``trained``, save, reload; its record."""
+    rollout = _rollout(cfg, engine, base_name, served, f"{run_id}-k{k}", cfg.train_seed_start + k, cfg.group_size, "rollout")
+    stats = _run_stats(lake, rollout.run_id)
+    metrics: dict[str, float] = {
+        "policy_version": served.version, "rewards/mean": stats["reward_mean"], "rewards/std": stats["reward_std"],
+        "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
+        "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
+    }
+    it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": served.name or base_name,
+                          "sampled_version": served.version, "task_seed": cfg.train_seed_start + k}
+    update = _update(cfg, lake, rollout.run_id, served, trained, run_id) if stats["n_trainable_groups"] else None
+    it["_trained"], it["_served"] = trained, served
+    if update is None:
+        flat = not stats["n_trainable_groups"]
+        it["update"] = "skipped: every group has zero reward spread" if flat else (
+            f"skipped: v{served.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
+    else:
+        new = Served(f"policy-{trained.version + 1}", trained.version + 1, str(update["adapter"]))
+        it.update(adapter=new.path, train_run=update["run_id"], lineage=update["lineage"], update="trained")
+        metrics.update(update["metrics"])
+        swap = engine.swap_adapter(new.name, new.path, retire=served.name)
+        metrics["reload_seconds"] = swap.seconds
+        it["reload"] = swap.message
+        it["_trained"] = new
+        if swap.loaded:
+            it["_served"] = new
+        else:
+            log.info("reload refused: %s", swap.message)  # the iteration's line says so
+    if cfg.eval_every and (k + 1) % cfg.eval_every == 0:
+        metrics["success_rate/heldout"] = evaluate(cfg, engine, base_name, it["_served"], run_id)
+    it["served_after"] = {"name": it["_served"].name, "version": it["_served"].version, "path": it["_served"].path}
+    it["metrics"] = {k_: float(v) for k_, v in metrics.items() if v is not None}
+    return it
+
+
+# ---------------------------------------------------------------------------------------- sampling
+
+
+def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: str, task_seed: int, attempts: int,
+             kind: str, tasks: list[str] | None = None, policy: str = "openai"):
+    """One rollout (or eval) run of the served version into the lake, resumed where it already exists."""
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+
+    lake = Lake.open(cfg.lake)
+    options = {"base_url": engine.base_url, "max_tokens": cfg.max_tokens} if policy == "openai" else {}
+    return run_rollouts(RolloutConfig(
+        env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy,
+        model=base_name if policy == "openai" else None, adapter=served.name if policy == "openai" else None,
+        policy_version=str(served.version) if policy == "openai" else None, policy_options=options,
+        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, max_steps=cfg.max_episode_steps,
+        lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
+        progress=cfg.progress, command="halo-train online-grpo",
+    ))
+
+
+def evaluate(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: str, policy: str = "openai") -> float:
+    """Success rate of ``served`` (or the random policy) on the held-out task seeds; one eval run per seed."""
+    lake = Lake.open(cfg.lake)
+    label = f"v{served.version}" if policy == "openai" else policy
+    run_ids = []
+    for seed in range(cfg.eval_seed_start, cfg.eval_seed_start + cfg.eval_seeds):
+        r = _rollout(cfg, engine, base_name, served, f"{run_id}-eval-{label}-s{seed}", seed, cfg.eval_attempts, "eval",
+                     tasks=cfg.eval_tasks, policy=policy)
+        run_ids.append(r.run_id)
+    row = lake.query_arrow(
+        "select avg(success::double) from episodes where list_contains($ids, run_id)", {"ids": run_ids}
+    ).column(0)[0].as_py()
+    return float(row or 0.0)
+
+
+def _run_stats(lake: Lake, run_id: str) -> dict[str, float]:
+    rows = lake.query_arrow(
+        "select reward_mean, reward_std, frac_reward_zero_std, n_trainable_groups, success_rate "
+        "from reward_stats where scope = 'run' and run_id = $r", {"r": run_id}
+    ).to_pylist()
+    if not rows:
+        raise OnlineError(f"rollout run {run_id} wrote no episodes without errors: check the engine and the tasks")
+    return {k: float(v or 0.0) for k, v in rows[0].items()}
+
+
+# ---------------------------------------------------------------------------------------- updating
+
+
+def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, trained: Served, run_id: str) -> dict[str, Any] | None:
+    """Train ``trained`` on the rollout run's rows into ``OUTPUT/policy-{v+1}``; an adapter already saved is adopted."""
+    from halo_train.grpo import train_grpo
+    from halo_train.trainer_utils import STATS_FILE
+
+    version = trained.version + 1
+    final = Path(cfg.output_dir) / f"policy-{version}"
+    if not (final / "adapter_config.json").exists():
+        staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
+        t0 = time.perf_counter()
+        try:
+            train_grpo(GRPOConfig(
+                lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
+                run_id=f"{run_id}-u{version}", where=f"run_id = '{rollout_run}' and policy_version = '{served.version}'",
+                policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
+                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
+                **({"beta": cfg.beta} if cfg.beta else {}),
+            ))
+        except TrainConfigError as e:
+            if str(e).startswith("no ") and "rows" in str(e):  # every group flat or too stale: nothing to learn now
+                log.info("no update: %s", e)
+                return None
+            raise
+        seconds = time.perf_counter() - t0
+        stats = json.loads((staging / "final" / STATS_FILE).read_text())
+        stats["update_seconds"] = seconds
+        (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+        # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
+        (staging / "final").rename(final)
+        shutil.rmtree(staging, ignore_errors=True)
+    stats = json.loads((final / STATS_FILE).read_text())
+    if stats.get("run_id") != f"{run_id}-u{version}":
+        raise OnlineError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    trainer_metrics = stats.get("metrics") or {}
+    return {
+        "adapter": final.resolve(), "run_id": stats["run_id"], "lineage": stats.get("lineage"),
+        "metrics": {"update_seconds": stats.get("update_seconds"),
+                    **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean") if m in trainer_metrics}},
+    }
+
+
+def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]) -> None:
+    """The iteration's metrics, once: a resumed run that recorded them already writes nothing."""
+    from halo_data.writer import append_rows
+    from halo_train.metrics import metric_rows
+
+    have = lake.query_arrow("select count(*) from train_metrics where run_id = $r and step = $s", {"r": run_id, "s": step})
+    if have.column(0)[0].as_py():
+        return
+    append_rows(lake, "train_metrics", metric_rows(run_id, step, None, metrics))
+
+
+# ---------------------------------------------------------------------------------------- the engine
+
+
+@contextlib.contextmanager
+def open_engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
+    """An engine client and the base model's served name; with --serve, a chat server started and stopped here."""
+    from halo_agent.serving import EngineClient, EngineError
+
+    with contextlib.ExitStack() as stack:
+        url = cfg.engine_url or stack.enter_context(_chat_server(cfg.base_model, out / "engine.log"))
+        engine = EngineClient(url)
+        try:
+            engine.wait_ready(timeout=cfg.engine_wait)
+            cards = engine.models()
+        except EngineError as e:
+            raise OnlineError(str(e)) from None
+        bases = [name for name, card in cards.items() if not card.get("parent")]
+        if not bases:
+            raise OnlineError(f"the engine at {url} lists no base model")
+        yield engine, bases[0]
+
+
+@contextlib.contextmanager
+def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
+    """HALO's chat server on 127.0.0.1 (a free port) in a child process; yields its URL, stops it after."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "halo_agent.chat_server", "--model", str(base_model), "--port", "0", "--device", "cpu"],
+            stdout=subprocess.PIPE, stderr=errors, text=True,
+        )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if " at " not in line:
+            proc.wait(timeout=30)
+            tail = log_path.read_text(errors="replace").strip().splitlines()
+            raise OnlineError(f"the chat server did not start: {tail[-1] if tail else f'exit code {proc.returncode}'}")
+        yield line.split(" at ", 1)[1].split()[0]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _serve_start(engine, cfg: OnlineConfig, iterations: list[dict[str, Any]]) -> Served:
+    """Load the version to sample with first: the last one served by a resumed run, else the warm start, else the base."""
+    if iterations:
+        last = iterations[-1]["served_after"]
+        start = Served(last["name"], int(last["version"]), last["path"])
+    elif cfg.init_adapter:
+        start = Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve()))
+    else:
+        return Served(None, 0)
+    if start.name and start.name not in engine.models():
+        swap = engine.swap_adapter(start.name, start.path)
+        if not swap.loaded:
+            raise OnlineError(swap.message)
+    return start
+
+
+# ---------------------------------------------------------------------------------------- records
+
+
+def _run_id(cfg: OnlineConfig, out: Path) -> str:
+    state = out / STATE_FILE
+    if cfg.resume and cfg.run_id is None:
+        if not state.exists():
+            raise OnlineError(f"nothing to resume in {out}: no {STATE_FILE} (start the run without --resume)")
+        return json.loads(state.read_text())["run_id"]
+    run_id = cfg.run_id or f"online-{utc_now().strftime('%Y%m%dT%H%M%S')}"
+    if not cfg.resume and any(out.glob("policy-*")):
+        # A new run would adopt another run's saved versions as its own.
+        raise OnlineError(f"{out} already holds policy-* adapters of another run: pass --resume, or choose another --output-dir")
+    state.write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
+    return run_id
+
+
+def _start_record(cfg: OnlineConfig, lake: Lake, run_id: str) -> tuple[RunRecord, list[dict[str, Any]]]:
+    existing = existing_run(lake, run_id)
+    if existing is not None and not cfg.resume:
+        raise OnlineError(f"run {run_id!r} already exists in {cfg.lake}: pass --resume to continue it, or choose another --run-id")
+    if existing is None and cfg.resume:
+        raise OnlineError(f"run {run_id!r} is not in {cfg.lake}: start it without --resume")
+    iterations = json.loads(existing.get("config") or "{}").get("iterations", []) if existing else []
+    for it in iterations:  # a recorded adapter that is gone cannot be served or continued from
+        path = it["served_after"]["path"]
+        if path and not Path(path).exists():
+            raise OnlineError(f"iteration {it['iteration']}'s adapter {path} is gone: restore it, or start a new run")
+    record = RunRecord(
+        run_id=run_id, kind="train", mode="online-grpo", job_type="online-grpo", env=cfg.env, policy="openai",
+        base_model=cfg.base_model, model=cfg.base_model, config={**cfg.to_dict(), "iterations": iterations},
+        command=list(sys.argv), status="running", output_dir=str(Path(cfg.output_dir).resolve()),
+        started_at=existing["started_at"] if existing else utc_now(), source_view="grpo_groups",
+    )
+    upsert_runs(lake, [record])
+    return record, iterations
+
+
+def _latest_adapter(cfg: OnlineConfig, iterations: list[dict[str, Any]]) -> Served:
+    """The newest trained version: what the next update starts from."""
+    for it in reversed(iterations):
+        if it.get("adapter"):
+            version = int(Path(it["adapter"]).name.rsplit("-", 1)[1])
+            return Served(f"policy-{version}", version, it["adapter"])
+    if cfg.init_adapter:
+        return Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve()))
+    return Served(None, 0)
+
+
+def _describe(it: dict[str, Any]) -> str:
+    """One line per iteration for a person."""
+    m = it["metrics"]
+    text = (
+        f"iteration {it['iteration']}: sampled v{it['sampled_version']} "
+        f"reward {m['rewards/mean']:.3f}±{m['rewards/std']:.3f}, success {m['success_rate/train']:.0%}, "
+        f"{int(m['trainable_groups'])} trainable groups ({m['frac_reward_zero_std']:.0%} flat), "
+        f"{m['rollout_steps_per_second']:.1f} steps/s"
+    )
+    if it["update"] != "trained":
+        text += f"; no update ({it['update']})"
+    else:
+        text += f"; update {m.get('update_seconds', 0):.1f} s -> {Path(it['adapter']).name}"
+        text += f", reload {m['reload_seconds']:.2f} s" if it["served_after"]["path"] == it["adapter"] else f"; {it['reload']}"
+    if "success_rate/heldout" in m:
+        text += f"; held-out success {m['success_rate/heldout']:.0%}"
+    return text

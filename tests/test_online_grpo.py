@@ -1,0 +1,191 @@
+"""halo-train online-grpo end to end on CPU: a tiny model served by HALO's chat server, MiniWoB++ in Chromium, the lake."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TASKS = ["click-button", "click-test"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny model warmed up on random-policy steps, so its answers parse as actions and groups have spread."""
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_train.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("online")
+    run_rollouts(RolloutConfig(env="miniwob", tasks=TASKS, rollouts_per_task=6, policy="random", max_steps=3,
+                               lake=str(root / "warm"), run_id="warm", progress=False))
+    return str(build_tiny_model(root / "tiny", warmup_lake=root / "warm", steps=30))
+
+
+def online_config(tiny: str, tmp_path: Path, **overrides):
+    from halo_train.online import OnlineConfig
+
+    options = dict(base_model=tiny, tasks=TASKS, iterations=2, group_size=4, max_episode_steps=2, train_steps=1,
+                   lr=0.01, max_tokens=24, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
+                   run_id="online", progress=False)
+    options.update(overrides)
+    return OnlineConfig(**options)
+
+
+def lora_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def query(lake: str, sql: str) -> list[dict]:
+    from halo_data.lake import Lake
+
+    return Lake.open(lake).query_arrow(sql).to_pylist()
+
+
+def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path):
+    from halo_train.online import run_online
+
+    cfg = online_config(tiny, tmp_path, serve=True, eval_every=2, eval_seeds=1, eval_attempts=1)
+    lines: list[str] = []
+    summary = run_online(cfg, echo=lines.append)
+
+    out = Path(cfg.output_dir)
+    assert summary.served == "policy-2"
+    one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
+    assert one.keys() == two.keys()
+    assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
+    # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
+    assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
+    # One line per iteration, no raw dicts.
+    assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]
+    assert all("{" not in line for line in lines)
+    assert "-> policy-1, reload" in lines[0] and "-> policy-2, reload" in lines[1]
+
+    # Rows carry the version that sampled them; the held-out eval after iteration 1 was served policy-2.
+    versions = query(cfg.lake, "select run_id, policy_version, any_value(adapter) adapter from episodes "
+                               "group by all order by run_id")
+    assert [(r["run_id"], r["policy_version"]) for r in versions] == [
+        ("online-eval-v2-s100000", "2"), ("online-k0", "0"), ("online-k1", "1")]
+    eval_run = query(cfg.lake, "select adapter, kind from runs where run_id = 'online-eval-v2-s100000'")[0]
+    assert eval_run == {"adapter": "policy-2", "kind": "eval"}
+
+    # One runs row with each iteration's lineage and adapter.
+    run = query(cfg.lake, "select * from runs where run_id = 'online'")[0]
+    assert (run["status"], run["job_type"], run["adapter"], run["policy_version"]) == ("finished", "online-grpo", "policy-2", "2")
+    iterations = json.loads(run["config"])["iterations"]
+    assert [Path(it["adapter"]).name for it in iterations] == ["policy-1", "policy-2"]
+    assert [it["sampled_version"] for it in iterations] == [0, 1]
+    assert all(it["lineage"]["steps"] >= 1 for it in iterations)
+    assert iterations[1]["lineage"]["steps"] > iterations[0]["lineage"]["steps"]
+
+    metrics = query(cfg.lake, "select step, metric from train_metrics where run_id = 'online'")
+    by_step = {s: {m["metric"] for m in metrics if m["step"] == s} for s in (0, 1)}
+    expected = {"policy_version", "rewards/mean", "rewards/std", "success_rate/train", "frac_reward_zero_std",
+                "trainable_groups", "reload_seconds", "rollout_steps_per_second", "update_seconds"}
+    assert expected <= by_step[0] and expected | {"success_rate/heldout"} <= by_step[1]
+    assert (out / "engine.log").exists()
+
+
+def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, monkeypatch):
+    from halo_agent.chat_server import ChatCompletionServer, RequestError
+    from halo_agent.policies.hf_policy import LocalChatModel
+    from halo_agent.serving import EngineClient
+    from halo_train.online import run_online
+
+    def busy(self, body):
+        raise RequestError("engine busy", status=503, kind="ServiceUnavailable")
+
+    monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", busy)
+    with ChatCompletionServer(LocalChatModel(tiny, device="cpu"), served_model_name="tiny") as server:
+        lines: list[str] = []
+        cfg = online_config(tiny, tmp_path, engine_url=server.url)
+        summary = run_online(cfg, echo=lines.append)
+        assert set(EngineClient(server.url).models()) == {"tiny"}  # no policy-* was ever loaded
+
+    assert summary.served is None
+    assert "still serving the base model" in lines[0] and "503 engine busy" in lines[0]
+    # Both iterations' rows stay, and iteration 1 was sampled (and labelled) by version 0, the one still served.
+    rows = query(cfg.lake, "select run_id, policy_version, count(*) n from episodes group by all order by run_id")
+    assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 8), ("online-k1", "0", 8)]
+    # The update went on from policy-1 (trained once), reading rows one version stale.
+    assert (Path(cfg.output_dir) / "policy-2" / "adapter_config.json").exists()
+    iterations = json.loads(query(cfg.lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
+    assert [it["served_after"]["name"] for it in iterations] == [None, None]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "halo_train.cli", "online-grpo", *args]
+
+
+def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_path):
+    args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "2", "--group-size", "4",
+            "--max-episode-steps", "2", "--train-steps", "1", "--lr", "0.01", "--max-tokens", "24", "--no-progress",
+            "--lake", str(tmp_path / "lake"), "--output-dir", str(tmp_path / "out"), "--run-id", "online"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Its own process group: the kill takes the command and the chat server it started, nothing else.
+    proc = subprocess.Popen(_cli(*args), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = tmp_path / "out" / "policy-1" / "adapter_model.safetensors"
+    deadline = time.monotonic() + 120
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.exists(), "the first iteration never saved its adapter"
+    saved = first.read_bytes()
+
+    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert first.read_bytes() == saved  # policy-1 adopted as it was, not trained again
+    lake = str(tmp_path / "lake")
+    episodes = query(lake, "select run_id, count(*) n, count(distinct episode_id) d from episodes group by run_id order by run_id")
+    assert [(r["run_id"], r["n"], r["d"]) for r in episodes] == [("online-k0", 8, 8), ("online-k1", 8, 8)]
+    steps = query(lake, "select count(*) n, count(distinct (episode_id, step_idx)) d from steps")[0]
+    assert steps["n"] == steps["d"]
+    # Each version trained once: one loss row per optimizer step of each update run.
+    losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
+                         "group by run_id order by run_id")
+    assert [(r["run_id"], r["n"]) for r in losses] == [("online-u1", 1), ("online-u2", 1)]
+    run = query(lake, "select status, config from runs where run_id = 'online'")[0]
+    assert run["status"] == "finished"
+    assert [it["iteration"] for it in json.loads(run["config"])["iterations"]] == [0, 1]
+    assert "iteration 1:" in done.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--engine-url", "http://127.0.0.1:9/v1", "--engine-wait", "0"], "Error: no engine answered at http://127.0.0.1:9/v1 within 0 s"),
+    (["--serve", "--base-model", "/nonexistent/model"], "Error: base model folder /nonexistent/model does not exist"),
+    (["--serve", "--eval-seed-start", "1", "--iterations", "3"], "Error: train task seeds 0..2 overlap held-out seeds 1..2"),
+    (["--serve", "--group-by", "state"], "Error: Invalid value for '--group-by'"),
+])
+def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    args = ["online-grpo", "--base-model", tiny, "--lake", str(tmp_path / "lake"), "--output-dir", str(tmp_path / "out"), *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith(message), result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_path):
+    from halo_train.online import OnlineError, run_online
+
+    (tmp_path / "out" / "policy-1").mkdir(parents=True)
+    with pytest.raises(OnlineError, match="already holds policy-\\* adapters of another run: pass --resume"):
+        run_online(online_config(tiny, tmp_path, serve=True))
+    assert not (tmp_path / "lake").exists() or not query(str(tmp_path / "lake"), "select * from runs")
