@@ -40,7 +40,11 @@ REQUIRED_COLUMNS = {
 
 
 class EmptyViewError(TrainConfigError):
-    pass
+    """The view (after --where) has no rows to train on."""
+
+
+class NoTrainingSignalError(TrainConfigError):
+    """There are rows, but none carries a learning signal (every group flat, or every row too stale)."""
 
 
 @dataclasses.dataclass

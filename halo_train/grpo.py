@@ -78,7 +78,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from halo_train.config import GRPOConfig, TrainConfigError
-from halo_train.data import chat_text, prompt_messages, to_dataset
+from halo_train.data import NoTrainingSignalError, chat_text, prompt_messages, to_dataset
 from halo_train.trainer_utils import JobSpec, TrainResult, common_training_args, run_job
 
 log = logging.getLogger(__name__)
@@ -375,7 +375,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer):
         summary.skipped_rows, summary.stale_rows, len(summary.members),
     )
     if not summary.members:
-        raise TrainConfigError(
+        raise NoTrainingSignalError(
             f"no GRPO rows with a reward signal: all {summary.episode_groups} group(s) have zero reward std"
             f"{f' or are staler than --max-staleness {cfg.max_staleness}' if summary.stale_rows else ''}: "
             "collect more attempts per task, at a higher temperature"

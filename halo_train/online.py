@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path
+from halo_train.data import EmptyViewError, NoTrainingSignalError
 
 log = logging.getLogger(__name__)
 
@@ -288,11 +289,9 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
                 **({"beta": cfg.beta} if cfg.beta else {}),
             ))
-        except TrainConfigError as e:
-            if str(e).startswith("no ") and "rows" in str(e):  # every group flat or too stale: nothing to learn now
-                log.info("no update: %s", e)
-                return None
-            raise
+        except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
+            log.info("no update: %s", e)
+            return None
         seconds = time.perf_counter() - t0
         stats = json.loads((staging / "final" / STATS_FILE).read_text())
         stats["update_seconds"] = seconds
