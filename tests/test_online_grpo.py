@@ -153,13 +153,17 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     assert [(r["run_id"], r["n"], r["d"]) for r in episodes] == [("online-k0", 8, 8), ("online-k1", 8, 8)]
     steps = query(lake, "select count(*) n, count(distinct (episode_id, step_idx)) d from steps")[0]
     assert steps["n"] == steps["d"]
-    # Each version trained once: one loss row per optimizer step of each update run.
-    losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
-                         "group by run_id order by run_id")
-    assert [(r["run_id"], r["n"]) for r in losses] == [("online-u1", 1), ("online-u2", 1)]
     run = query(lake, "select status, config from runs where run_id = 'online'")[0]
     assert run["status"] == "finished"
-    assert [it["iteration"] for it in json.loads(run["config"])["iterations"]] == [0, 1]
+    iterations = json.loads(run["config"])["iterations"]
+    assert [it["iteration"] for it in iterations] == [0, 1]
+    # Each version trained once: one loss row per optimizer step of each update run. Iteration 1 updates only
+    # when its groups have a reward spread (random sampling at this size sometimes gives none); it says which.
+    assert iterations[0]["update"] == "trained"
+    expected = [("online-u1", 1)] + ([("online-u2", 1)] if iterations[1]["update"] == "trained" else [])
+    losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
+                         "group by run_id order by run_id")
+    assert [(r["run_id"], r["n"]) for r in losses] == expected
     assert "iteration 1:" in done.stdout
 
 
