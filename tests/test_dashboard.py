@@ -443,3 +443,24 @@ def test_draw_action_marks_the_point_and_box():
     assert clicked.getpixel((200, 150)) != plain.getpixel((200, 150))
     assert clicked.getpixel((20, 20)) == plain.getpixel((20, 20))
     assert boxed.getpixel((10, 135)) != plain.getpixel((10, 135))
+
+
+def test_online_run_against_policy_version_warns_when_learning_stalls(monkeypatch, tmp_path):
+    lake = Lake.init(str(tmp_path / "lake"))
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    rows = []
+    for run_id, zero_std in (("online-flat", [0.25, 0.75, 0.75, 1.0]), ("online-ok", [0.75, 0.75, 0.25, 0.75])):
+        for step, value in enumerate(zero_std):
+            for metric, v in (("policy_version", float(step)), ("frac_reward_zero_std", value), ("success_rate/heldout", 0.1 * step)):
+                rows.append({"run_id": run_id, "step": step, "metric": metric, "value": v, "logged_at": now})
+    append_rows(lake, "train_metrics", rows)
+
+    at = open_app(monkeypatch, lake.root, "training")
+    assert at.multiselect(key="training_runs").value == ["online-flat", "online-ok"]
+    assert "Online runs, per policy_version" in texts(at)
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("online-flat: frac_reward_zero_std stayed above 0.5 for its last 3 iterations (0.75, 0.75, 1.00)")
+    # One per-step curve (the default metric, frac_reward_zero_std) and two per-version charts (held-out success, zero-std).
+    assert at.multiselect(key="training_metrics").value == ["frac_reward_zero_std"]
+    assert len(at.get("vega_lite_chart")) == 3

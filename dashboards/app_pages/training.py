@@ -1,4 +1,10 @@
-"""Training: metric curves from train_metrics per training run, and each run's lineage."""
+"""Training: metric curves from train_metrics per training run, each run's lineage, and online runs per policy_version.
+
+Online runs (``halo-train online-grpo``) log one row per metric and iteration, with the iteration's
+``policy_version`` among them; their curves are drawn against it, and a run whose
+``frac_reward_zero_std`` stays above ``STALL_ZERO_STD`` for its last ``STALL_ITERATIONS`` iterations is
+flagged: most of its groups have no reward spread, so GRPO gets almost no signal and learning stalls.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +52,58 @@ ORDER BY c.run_id, c.metric, step
 """
 
 RUN_SQL = "SELECT * FROM runs WHERE run_id = $run"
+
+# Each chosen metric of an online run against the policy_version logged at the same step (iteration).
+ONLINE_SQL = """
+WITH versions AS (
+    SELECT run_id, step, value AS policy_version
+    FROM train_metrics
+    WHERE metric = 'policy_version' AND list_contains($runs, run_id)
+)
+SELECT m.run_id, v.policy_version, m.metric, m.value
+FROM train_metrics AS m
+JOIN versions AS v USING (run_id, step)
+WHERE m.metric != 'policy_version'
+ORDER BY m.run_id, m.metric, v.policy_version
+"""
+
+STALL_ZERO_STD = 0.5
+STALL_ITERATIONS = 3
+ONLINE_METRICS = ("success_rate/heldout", "success_rate/train", "rewards/mean", "frac_reward_zero_std")
+
+
+def stalled_runs(online: pd.DataFrame, threshold: float = STALL_ZERO_STD, window: int = STALL_ITERATIONS) -> dict[str, list[float]]:
+    """Runs whose last ``window`` iterations all have frac_reward_zero_std above ``threshold``: run -> those values."""
+    zero_std = online[online.metric == "frac_reward_zero_std"].sort_values(["run_id", "policy_version"])
+    stalled = {}
+    for run_id, rows in zero_std.groupby("run_id", sort=True):
+        last = [float(v) for v in rows.value.tail(window)]
+        if len(last) == window and all(v > threshold for v in last):
+            stalled[run_id] = last
+    return stalled
+
+
+def _online(snap: data.Snapshot, run_ids: list[str]) -> None:
+    online = snap.df(ONLINE_SQL, {"runs": run_ids})
+    if online.empty:
+        return
+    st.subheader("Online runs, per policy_version")
+    for run_id, values in stalled_runs(online).items():
+        st.warning(
+            f"{run_id}: frac_reward_zero_std stayed above {STALL_ZERO_STD} for its last {STALL_ITERATIONS} iterations "
+            f"({', '.join(f'{v:.2f}' for v in values)}): most groups have no reward spread, so learning stalls. "
+            "Sample more attempts per task, at a higher temperature, or on harder task seeds."
+        )
+    shown = [m for m in ONLINE_METRICS if m in set(online.metric)]
+    columns = st.columns(2)
+    for i, metric in enumerate(shown):
+        columns[i % 2].altair_chart(
+            alt.Chart(online[online.metric == metric]).mark_line(point=True).encode(
+                x=alt.X("policy_version:Q", title="policy_version"), y=alt.Y("value:Q", title=metric),
+                color=alt.Color("run_id:N", title="run"), tooltip=["run_id", "policy_version", "value"],
+            ).properties(title=metric),
+            width="stretch",
+        )
 
 
 def _default_metrics(metrics: list[str]) -> list[str]:
@@ -109,6 +167,7 @@ if snap is not None:
                         ).properties(title=metric),
                         width="stretch",
                     )
+            _online(snap, chosen_runs)
             st.subheader("Lineage")
             for run_id in chosen_runs:
                 st.markdown(f"**{run_id}**")
