@@ -232,11 +232,13 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     from halo_agent.rollout import RolloutConfig, run_rollouts
 
     lake = Lake.open(cfg.lake)
-    options = {"base_url": engine.base_url, "max_tokens": cfg.max_tokens} if policy == "openai" else {}
+    # The served version through the engine; any other policy (the random baseline) needs none of it.
+    through_engine = dict(
+        model=base_name, adapter=served.name, policy_version=str(served.version),
+        policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens},
+    ) if policy == "openai" else {}
     return run_rollouts(RolloutConfig(
-        env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy,
-        model=base_name if policy == "openai" else None, adapter=served.name if policy == "openai" else None,
-        policy_version=str(served.version) if policy == "openai" else None, policy_options=options,
+        env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
         temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, max_steps=cfg.max_episode_steps,
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
         progress=cfg.progress, command="halo-train online-grpo",
