@@ -1,18 +1,22 @@
 """Does online GRPO make the tiny model better on held-out task seeds? Start, random and final, in one run.
 
-    .venv/bin/python -m bench online                               # click-button, 8 iterations
-    .venv/bin/python -m bench online --task click-tab --iterations 12
+    .venv/bin/python -m bench online --task click-tab
+    .venv/bin/python -m bench online --task click-button --hidden-size 128 --layers 3 --lr 1e-3
 
-Set-up (all on CPU, nothing downloaded):
+Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 1. warm-up data: the random policy on ``--warmup-seeds`` task seeds (from 50000 on) of the task;
-2. the tiny model, fine-tuned on those steps' bc_rows (SFT), so its answers parse as actions;
-3. ``run_online`` from it: iteration k trains on task seed k, ``--group-size`` attempts;
+2. the tiny model, fine-tuned on every valid step of those episodes (``--warmup-top-percent
+   100``: the action format and page ids, not which element is right);
+3. ``run_online`` from it: iteration k samples ``--group-size`` attempts on each of
+   ``--seeds-per-iteration`` train task seeds, decoding constrained to the page's actions, on
+   the compact page (``--observation elements``), rewarded for success only;
 4. held-out success on task seeds 100000... (never trained on, never warmed up on) of the
    start model and of the random policy before the loop, and of the served version every
    ``--eval-every`` iterations: the curve.
 
 The figures are printed and written to bench/results/online-<time>.json. It is a
-measurement, never a timed test.
+measurement, never a timed test. ``--workdir`` keeps everything, and running the same
+command again resumes it.
 """
 
 from __future__ import annotations
@@ -33,15 +37,28 @@ WARMUP_SEED_START = 50_000
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench online", description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="click-button")
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--seeds-per-iteration", type=int, default=4, help="Train task seeds per iteration (a group each).")
     ap.add_argument("--max-episode-steps", type=int, default=3)
-    ap.add_argument("--train-steps", type=int, default=4, help="Optimizer steps per update.")
+    ap.add_argument("--train-steps", type=int, default=8, help="Optimizer steps per update.")
+    ap.add_argument("--batch-size", type=int, default=16, help="Rows per optimizer step of an update.")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--warmup-seeds", type=int, default=8)
-    ap.add_argument("--warmup-steps", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--eval-seeds", type=int, default=4)
+    ap.add_argument("--warmup-steps", type=int, default=60)
+    ap.add_argument("--warmup-top-percent", type=float, default=100.0,
+                    help="bc_rows' cut for the warm-up SFT (100: every valid random step, a format-only warm start).")
+    ap.add_argument("--hidden-size", type=int, default=64, help="Tiny model width.")
+    ap.add_argument("--layers", type=int, default=2, help="Tiny model layers.")
+    ap.add_argument("--vocab-size", type=int, default=1024, help="Tiny model BPE vocabulary.")
+    ap.add_argument("--observation", choices=("axtree", "elements"), default="elements", help="The page in the prompt.")
+    ap.add_argument("--reward-config", default=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"),
+                    help="Reward YAML of the loop's rollouts and updates ('default': HALO's dense default rewards).")
+    ap.add_argument("--constrain-actions", action=argparse.BooleanOptionalAction, default=True,
+                    help="Decode only the page's actions (structured-output choice).")
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-seeds", type=int, default=10)
     ap.add_argument("--eval-attempts", type=int, default=4)
     ap.add_argument("--workdir", help="Where the lake, model and adapters go (default: a temporary folder).")
     a = ap.parse_args(argv)
@@ -55,25 +72,38 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="halo-online-"))
     lake = str(work / "lake")
     for seed in range(WARMUP_SEED_START, WARMUP_SEED_START + a.warmup_seeds):
-        run_rollouts(RolloutConfig(env="miniwob", tasks=[a.task], rollouts_per_task=a.group_size, policy="random",
+        run_rollouts(RolloutConfig(env="miniwob", tasks=[a.task], rollouts_per_task=a.group_size, policy="random", observation=a.observation,
                                    max_steps=a.max_episode_steps, task_seed=seed, seed=seed, lake=lake,
                                    run_id=f"warmup-s{seed}", resume=True, progress=False))
-    model = build_tiny_model(work / "tiny", warmup_lake=lake, steps=a.warmup_steps, where="run_id like 'warmup-%'")
+    model = work / "tiny"
+    if not (model / "halo_tiny_model.json").exists():  # a resumed run keeps the model its start was measured with
+        build_tiny_model(model, warmup_lake=lake, steps=a.warmup_steps, where="run_id like 'warmup-%'",
+                         hidden_size=a.hidden_size, layers=a.layers, vocab_size=a.vocab_size, top_percent=a.warmup_top_percent)
     cfg = OnlineConfig(
         base_model=str(model), tasks=[a.task], iterations=a.iterations, group_size=a.group_size,
         max_episode_steps=a.max_episode_steps, train_steps=a.train_steps, lr=a.lr, serve=True, eval_every=a.eval_every,
+        seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
+        reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
     )
     with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
         start = evaluate(cfg, engine, base_name, Served(None, 0), "online")
         random = evaluate(cfg, engine, base_name, Served(None, 0), "online", policy="random")
-    summary = run_online(cfg)
+    stamps = [time.perf_counter()]
+
+    def echo(line: str) -> None:
+        stamps.append(time.perf_counter())
+        print(f"[{stamps[-1] - stamps[-2]:.0f} s] {line}", flush=True)
+
+    summary = run_online(cfg, echo=echo)
+    iteration_seconds = [b - a_ for a_, b in zip(stamps, stamps[1:])]
     curve = [
         {"iteration": it["iteration"], "sampled_version": it["sampled_version"],
          "train_success": it["metrics"]["success_rate/train"], "heldout_success": it["metrics"].get("success_rate/heldout"),
-         "frac_reward_zero_std": it["metrics"]["frac_reward_zero_std"], "updated": it["update"] == "trained"}
-        for it in summary.iterations
+         "frac_reward_zero_std": it["metrics"]["frac_reward_zero_std"], "updated": it["update"] == "trained",
+         "seconds": seconds}
+        for it, seconds in zip(summary.iterations, iteration_seconds + [None] * len(summary.iterations))
     ]
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
     result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": a.eval_seeds * a.eval_attempts,

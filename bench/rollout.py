@@ -46,20 +46,26 @@ def available() -> str | None:
     return None
 
 
-def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, max_steps: int, tasks: str, pin: bool = True) -> dict[str, Any]:
-    cmd = [str(HALO_AGENT), "rollout", "--env", "miniwob", "--tasks", tasks, "--rollouts-per-task", str(rollouts_per_task),
-           "--policy", "random", "--seed", "0", "--max-steps", str(max_steps), "--workers", str(workers),
-           "--lake", str(lake), "--run-id", run_id, "--no-progress", "--json"]
-    if not pin:
-        cmd.append("--no-pin-workers")
+def run_json_command(cmd: list[str]) -> tuple[dict[str, Any], float]:
+    """Run a HALO command that prints a JSON summary last; the summary and the command's wall seconds."""
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {(proc.stderr or proc.stdout)[-1500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
+
+
+def run_rollout(lake: Path, run_id: str, workers: int, rollouts_per_task: int, max_steps: int, tasks: str, pin: bool = True,
+                extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    cmd = [str(HALO_AGENT), "rollout", "--env", "miniwob", "--tasks", tasks, "--rollouts-per-task", str(rollouts_per_task),
+           "--policy", "random", "--seed", "0", "--max-steps", str(max_steps), "--workers", str(workers),
+           "--lake", str(lake), "--run-id", run_id, "--no-progress", "--json", *extra]
+    if not pin:
+        cmd.append("--no-pin-workers")
+    summary, wall = run_json_command(cmd)
     from halo_data.lake import Lake
 
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = Lake.open(str(lake)).query_arrow(
         """with e as (
                select episode_id, any_value(n_steps) as n,

@@ -24,6 +24,7 @@ pages = [
     st.Page("app_pages/grpo.py", title="GRPO health"),
     st.Page("app_pages/replay.py", title="Replay"),
     st.Page("app_pages/training.py", title="Training"),
+    st.Page("app_pages/search.py", title="Search trees"),
     st.Page("app_pages/errors.py", title="Errors"),
     st.Page("app_pages/compare.py", title="Compare"),
     st.Page("app_pages/sql.py", title="SQL"),

@@ -26,6 +26,7 @@ import streamlit as st
 
 from halo_data.config import ViewParams
 from halo_data.lake import Lake, LakeError
+from halo_data.reader import cursor as reader_cursor
 from halo_data.reader import set_params
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def _connection(root: str, versions: tuple[tuple[str, int], ...]) -> duckdb.Duck
 
 
 def _cursor(root: str, versions: tuple[tuple[str, int], ...]) -> duckdb.DuckDBPyConnection:
-    cursor = _connection(root, versions).cursor()
+    cursor = reader_cursor(_connection(root, versions))
     # DuckDB variables belong to a connection, not its database: the views' weights and
     # parameters must be set on every cursor (the dashboard shows the default weights).
     set_params(cursor, ViewParams())

@@ -15,10 +15,12 @@ run as code here.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import re
-from typing import Any, Iterable, Sequence
+import warnings
+from typing import Any, Iterable, Iterator, Sequence
 
 from halo_agent.types import Element
 
@@ -102,6 +104,16 @@ ACTION_ALIASES: dict[str, str] = {
     "type": "fill",  # "type" without an element id becomes keyboard_type (see _normalise_call)
 }
 
+# Qwen3-VL's computer-use clicks on a coordinate: (BrowserGym action, mouse button).
+COMPUTER_USE_CLICKS: dict[str, tuple[str, str | None]] = {
+    "left_click": ("mouse_click", None),
+    "right_click": ("mouse_click", "right"),
+    "middle_click": ("mouse_click", "middle"),
+    "double_click": ("mouse_dblclick", None),
+}
+# Tool names Qwen-VL models wrap computer-use actions in: {"name": "computer_use", "arguments": {"action": ...}}.
+COMPUTER_USE_TOOLS = ("computer_use", "computer")
+
 _SCROLL_DIRECTIONS = {"down": (0, 300), "up": (0, -300), "right": (300, 0), "left": (-300, 0)}
 _BUTTONS = ("left", "middle", "right")
 _QUOTE_TRANSLATION = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
@@ -168,6 +180,21 @@ def format_action(name: str, args: Sequence[Any]) -> str:
     return f"{name}({', '.join(_literal(a) for a in args)})"
 
 
+def page_actions(elements: Sequence[Element]) -> list[str]:
+    """The actions a page offers as a closed list (for decoding constrained to them), in page order.
+
+    A click on every clickable or fillable element (a fill's text cannot be listed) and one
+    ``select_option`` per option of a select; ``noop()`` on a page that offers nothing.
+    """
+    actions: list[str] = []
+    for element in elements:
+        if element.kind == "select" and element.options:
+            actions.extend(format_action("select_option", [element.bid, option]) for option in element.options)
+        else:
+            actions.append(format_action("click", [element.bid]))
+    return list(dict.fromkeys(actions)) or ["noop()"]
+
+
 def bids_in_axtree(axtree: str) -> set[str]:
     """Element ids shown in an AXTree text (``[12] button 'Send'``)."""
     return set(_AXTREE_BID.findall(axtree or ""))
@@ -230,7 +257,7 @@ def _from_json(candidate: str, repairs: list[str]) -> tuple[str, list[Any], dict
     if obj is None:
         try:  # single-quoted pseudo-JSON: {'action': 'click', 'bid': '12'}
             end = candidate.rfind("}")
-            obj = ast.literal_eval(candidate[start:end + 1]) if end > start else None
+            obj = _quiet_literal(candidate[start:end + 1]) if end > start else None
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             obj = None
     if not isinstance(obj, dict):
@@ -241,6 +268,10 @@ def _from_json(candidate: str, repairs: list[str]) -> tuple[str, list[Any], dict
             obj = obj[wrapper]
     if isinstance(obj.get("action"), dict):
         obj = obj["action"]
+    if obj.get("name") in COMPUTER_USE_TOOLS and isinstance(obj.get("arguments"), (dict, str)):
+        arguments = obj["arguments"]
+        obj = json.loads(arguments) if isinstance(arguments, str) else arguments
+        repairs.append("read a computer-use tool call")
     name = obj.get("action") or obj.get("name") or obj.get("action_type") or obj.get("type") or obj.get("function")
     if not isinstance(name, str) or not name.strip():
         raise ActionParseError("JSON action without an 'action' name")
@@ -339,9 +370,24 @@ def _balanced(text: str, open_at: int) -> tuple[str, bool]:
     return text[open_at + 1:].rstrip().rstrip(";"), False
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Parsing a model's text: its stray backslashes ("\\(") are not HALO's warnings to raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _quiet_literal(text: str) -> Any:
+    with _quiet():
+        return ast.literal_eval(text)
+
+
 def _read_arguments(name: str, inner: str, repairs: list[str]) -> tuple[list[Any], dict[str, Any]]:
     try:
-        node = ast.parse(f"f({inner})", mode="eval").body
+        with _quiet():
+            node = ast.parse(f"f({inner})", mode="eval").body
         assert isinstance(node, ast.Call)
         args = [_literal_value(a) for a in node.args]
         kwargs = {k.arg: _literal_value(k.value) for k in node.keywords if k.arg}
@@ -400,6 +446,17 @@ def _normalise_call(
     raw_name: str, args: list[Any], kwargs: dict[str, Any], repairs: list[str]
 ) -> tuple[str, list[Any]]:
     name = raw_name.strip().lower()
+    if name in COMPUTER_USE_CLICKS and ("coordinate" in kwargs or "x" in kwargs):
+        name, button = COMPUTER_USE_CLICKS[name]
+        if button is not None:
+            kwargs["button"] = button
+    for key in ("key", "key_comb"):
+        if isinstance(kwargs.get(key), list):  # computer-use "keys": ["Control", "a"] is one combination
+            kwargs[key] = "+".join(str(k) for k in kwargs[key])
+    if name == "scroll" and "amount" in kwargs and "direction" not in kwargs and not args:
+        # computer-use "pixels": positive scrolls up, negative down; BrowserGym's delta_y grows downwards
+        args = [0, -int(kwargs.pop("amount"))]
+        kwargs.pop("coordinate", None)
     if name in ACTION_ALIASES:
         alias = ACTION_ALIASES[name]
         if name == "type" and not _has_bid(args, kwargs, 2):
@@ -583,8 +640,13 @@ def parse_for_observation(
     """Parse model output for the page of ``obs`` (a ``halo_agent.types.Observation``).
 
     Element ids are checked against the elements the environment listed and every
-    id shown in the AXTree the model saw.
+    id shown in the AXTree the model saw. An environment whose actions are shell commands
+    (``obs.extra["action_format"] == "bash"``, the os environment) parses its own format.
     """
+    if (getattr(obs, "extra", None) or {}).get("action_format") == "bash":
+        from halo_agent.envs.os_env import parse_os_action
+
+        return parse_os_action(text)
     return parse_action(
         text,
         elements=list(obs.elements or ()),

@@ -34,7 +34,7 @@ from halo_data.lake import Lake
 from halo_data.runs import utc_now
 from halo_data.writer import append_rows
 
-from halo_agent.envs.base import element_for_action
+from halo_agent.envs.base import StepOutcome, element_for_action
 from halo_agent.restore import NotReproducible, Restored, StatePath, error_line, restore_state
 from halo_agent.rewards import RewardConfig
 from halo_agent.types import PolicyOutput
@@ -53,6 +53,8 @@ class CandidateGroup:
     samples: tuple[PolicyOutput, ...]
     scores: tuple[float | None, ...]
     unreproducible: NotReproducible | None = None
+    # what the environment showed after each sample (None: nothing was executed), for a search to reuse
+    outcomes: tuple[StepOutcome | None, ...] = ()
 
     @property
     def trainable(self) -> bool:
@@ -82,6 +84,7 @@ def score_candidates(env, path: StatePath, samples: Sequence[PolicyOutput], rewa
     """
     samples = tuple(samples)
     scores: list[float | None] = []
+    outcomes: list[StepOutcome | None] = []
     for sample in samples:
         restored = restore_state(env, path, reward_config)
         if isinstance(restored, Restored):
@@ -90,12 +93,13 @@ def score_candidates(env, path: StatePath, samples: Sequence[PolicyOutput], rewa
             score = restored
         if isinstance(score, NotReproducible):
             return CandidateGroup(path, samples, (None,) * len(samples), score)
-        scores.append(score)
-    return CandidateGroup(path, samples, tuple(scores))
+        scores.append(score[0])
+        outcomes.append(score[1])
+    return CandidateGroup(path, samples, tuple(scores), outcomes=tuple(outcomes))
 
 
-def _score(env, restored: Restored, sample: PolicyOutput, step_idx: int) -> float | NotReproducible:
-    """The shaped reward of ``sample`` taken from the restored page (whose reward tracker it advances)."""
+def _score(env, restored: Restored, sample: PolicyOutput, step_idx: int) -> tuple[float, StepOutcome | None] | NotReproducible:
+    """The shaped reward of ``sample`` taken from the restored page (whose reward tracker it advances), and the outcome."""
     page, action = restored.page, sample.action
     outcome = None
     if action is not None:
@@ -117,7 +121,7 @@ def _score(env, restored: Restored, sample: PolicyOutput, step_idx: int) -> floa
         state_hash_after=ids.state_hash(after.url, after.axtree),
         env_reward=float(outcome.reward) if outcome is not None else 0.0,
     )
-    return scored.reward
+    return scored.reward, outcome
 
 
 def write_candidates(lake: Lake, rows: Sequence[Mapping[str, Any]]) -> int:

@@ -5,7 +5,8 @@
 It speaks the subset of the protocol HALO's ``openai`` policy uses, the way
 vLLM does: ``POST /v1/chat/completions`` (``messages`` with text and image
 content parts, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
-``max_completion_tokens``, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``),
+``max_completion_tokens``, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``, and vLLM's guided
+choice: ``structured_outputs: {"choice": [...]}`` or the older ``guided_choice: [...]``),
 ``GET /v1/models`` (the base model and its LoRA adapters, which requests select
 by name, as with vLLM's ``--lora-modules``), and OpenAI-style error bodies. It
 binds to 127.0.0.1 only.
@@ -18,8 +19,14 @@ request bodies, answers and errors: ``POST /v1/load_lora_adapter``
 400 ``InvalidUserInput``, a path without an adapter a 404 ``NotFoundError``.
 ``POST /v1/unload_lora_adapter`` ``{"lora_name": ...}`` answers ``Success: LoRA
 adapter 'NAME' removed successfully.``, or 404 for a name not loaded. So one
-client (``halo_agent.serving.EngineClient``) drives either engine. Image parts are accepted and checked (base64 data URLs)
-and shown to the text model as ``<image>``; serve vision models with vLLM.
+client (``halo_agent.serving.EngineClient``) drives either engine. Image parts are checked (base64 data URLs); a
+vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, e.g. ``halo-train make-tiny-model --vision``) sees them
+through its processor, as vLLM serves it, and a text model sees ``<image>`` where they stood.
+
+A guided-choice request is answered with one of the choices, drawn by its sequence
+log-probability under the model (choice tokens, then EOS: what the GRPO trainer scores
+for the same completion) with the temperature applied; its logprobs list every choice
+token and the EOS, so a stored ``logprob_sum`` is the trainer's log pi(completion + EOS).
 
 It is meant for tests and small local models; use vLLM for anything large.
 """
@@ -37,7 +44,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
 from halo_agent.policies.hf_policy import AdapterNotFoundError, LocalChatModel, ModelLoadError
@@ -47,6 +54,7 @@ log = logging.getLogger(__name__)
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_CHOICES = 512
 
 
 class RequestError(Exception):
@@ -110,6 +118,25 @@ def _lora_fields(body: Any) -> tuple[str | None, str | None]:
     return name, path
 
 
+def _choices(body: Mapping[str, Any]) -> list[str] | None:
+    """The allowed answers of a guided-choice request: vLLM's ``structured_outputs.choice`` or older ``guided_choice``."""
+    structured, legacy = body.get("structured_outputs"), body.get("guided_choice")
+    if structured is None and legacy is None:
+        return None
+    param = "structured_outputs" if structured is not None else "guided_choice"
+    if structured is not None:
+        if not isinstance(structured, Mapping) or set(structured) - {"choice"}:
+            raise RequestError("this server supports structured_outputs with a choice list only, e.g. "
+                               '{"choice": ["click(\'12\')", "click(\'14\')"]}', param=param)
+        choices = structured.get("choice")
+    else:
+        choices = legacy
+    if (not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES
+            or not all(isinstance(c, str) and c for c in choices)):
+        raise RequestError(f"{param} choice must be a list of 1 to {MAX_CHOICES} non-empty strings", param=param)
+    return list(dict.fromkeys(choices))  # as in vLLM's grammar, a repeated choice is one choice
+
+
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = body.get(key, default)
     if value is None:
@@ -123,19 +150,22 @@ class ChatCompletionServer(LocalHTTPServer):
     """The server around one ``LocalChatModel``; ``start()`` serves from a thread, ``url`` is its base URL.
 
     ``api_key``: if set, requests must carry ``Authorization: Bearer <api_key>``.
-    ``received`` keeps a summary of recent requests (for tests and debugging; no image data).
+    ``received`` keeps a summary of recent requests and the usage answered (for tests and debugging; no image data).
     """
 
     def __init__(
         self,
         engine: LocalChatModel,
-        served_model_name: str | None = None,
+        served_model_name: str | Sequence[str] | None = None,
         port: int = 0,
         api_key: str | None = None,
         max_tokens_limit: int = 1024,
     ) -> None:
         self.engine = engine
-        self.served_model_name = served_model_name or os.path.basename(os.path.normpath(engine.model_path))
+        # As vLLM's --served-model-name: several names answer for the base model; the first is the one listed.
+        names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+        self.served_model_names = tuple(names) or (os.path.basename(os.path.normpath(engine.model_path)),)
+        self.served_model_name = self.served_model_names[0]
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.received: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
@@ -150,7 +180,8 @@ class ChatCompletionServer(LocalHTTPServer):
 
     def models(self) -> dict[str, Any]:
         created = int(time.time())
-        data = [{"id": self.served_model_name, "object": "model", "created": created, "owned_by": "halo", "root": self.engine.model_path, "parent": None}]
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "halo", "root": self.engine.model_path, "parent": None}
+                for name in self.served_model_names]
         for name in self.engine.adapter_names:
             # As vLLM: an adapter's root is the folder it was loaded from.
             data.append({"id": name, "object": "model", "created": created, "owned_by": "halo",
@@ -161,7 +192,7 @@ class ChatCompletionServer(LocalHTTPServer):
         name, path = _lora_fields(body)
         if not name or not path:
             raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", kind="InvalidUserInput")
-        if name == self.served_model_name:
+        if name in self.served_model_names:
             raise RequestError(f"The lora adapter '{name}' has already been loaded.", kind="InvalidUserInput")
         try:
             self.engine.load_adapter(name, path)
@@ -189,7 +220,7 @@ class ChatCompletionServer(LocalHTTPServer):
         if not isinstance(body, Mapping):
             raise RequestError("the request body must be a JSON object")
         model = body.get("model")
-        if model == self.served_model_name:
+        if model in self.served_model_names:
             adapter = None
         elif model in self.engine.adapter_names:
             adapter = model
@@ -210,14 +241,22 @@ class ChatCompletionServer(LocalHTTPServer):
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         want_logprobs = bool(body.get("logprobs"))
         top_logprobs = int(_number(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)) if want_logprobs else 0
-        self.received.append(
-            {"model": model, "n": n, "temperature": temperature, "max_tokens": max_tokens, "seed": seed,
-             "logprobs": want_logprobs, "messages": len(body["messages"]), **images}
-        )
-        batch = self.engine.generate(
-            body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
-            seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
-        )
+        choices = _choices(body)
+        received = {"model": model, "n": n, "temperature": temperature, "max_tokens": max_tokens, "seed": seed,
+                    "logprobs": want_logprobs, "messages": len(body["messages"]), "choices": choices, **images}
+        self.received.append(received)
+        if choices is not None and images["images"] and getattr(self.engine, "processor", None) is not None:
+            # choose() scores the text prompt alone: a vision model's choice would be drawn without its image,
+            # and its logprobs would not be the trainer's, so the request is refused rather than answered wrongly.
+            raise RequestError("a guided choice with image inputs is not supported by this server: send the request "
+                               "without structured_outputs, or serve the model with vLLM", param="structured_outputs")
+        if choices is not None:
+            batch = self.engine.choose(body["messages"], choices, n=n, temperature=temperature, seed=seed, adapter=adapter)
+        else:
+            batch = self.engine.generate(
+                body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
+                seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
+            )
         choices = []
         for i, g in enumerate(batch.generations):
             logprobs = None
@@ -236,6 +275,7 @@ class ChatCompletionServer(LocalHTTPServer):
                  "logprobs": logprobs, "finish_reason": g.finish_reason}
             )
         completion_tokens = sum(len(g.token_ids) for g in batch.generations)
+        received["usage"] = {"prompt_tokens": batch.prompt_tokens, "completion_tokens": completion_tokens}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -315,7 +355,8 @@ class ChatCompletionServer(LocalHTTPServer):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m halo_agent.chat_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="local model folder (transformers)")
-    parser.add_argument("--served-model-name", help="name clients use as `model` (default: the folder name)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="names clients use as `model` for the base model, as vLLM's (default: the folder name)")
     parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="LoRA adapters, selected by NAME")
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 = any free port)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")

@@ -4,6 +4,7 @@
     halo-agent rollout --env miniwob --tasks click-button,enter-text --rollouts-per-task 4 --lake lake
     halo-agent rollout --run-id demo --resume ...            # complete a killed run
     halo-agent eval --modes random,gpt4o_baseline --subset smoke --rollouts-per-task 2
+    halo-agent search --tasks click-button-sequence --simulations 16 --expansions 4 --critic progress
     halo-agent verify-exploration --task click-button --temperature-a 0 --temperature-b 0.7
 """
 
@@ -50,26 +51,30 @@ def main(verbose: int) -> None:
 
 # ------------------------------------------------------------------------------------------ tasks
 
+ENV_NAMES = ["miniwob", "real", "os"]
+TASK_FILE_HELP = "os: tasks from this file (HALO YAML, or LifelongAgentBench os_interaction JSON) instead of HALO's set."
+
 
 @main.command()
-@click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="miniwob", show_default=True)
 @click.option("--task-version", default=None, help="REAL task version (v2 by default).")
 @click.option("--split", type=click.Choice(["train", "eval", "all"]), default="all", show_default=True)
 @click.option("--subset", default=None, help="Only this named subset (or site).")
 @click.option("--snapshot", type=click.Path(dir_okay=False), default=None, help="Write the task registry (ids, goals, sites, splits) to this JSON file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tasks as JSON lines.")
+@click.option("--task-file", type=click.Path(dir_okay=False, exists=True), default=None, help=TASK_FILE_HELP)
 @run_cli
-def tasks(env_name: str, task_version: str | None, split: str, subset: str | None, snapshot: str | None, as_json: bool) -> None:
+def tasks(env_name: str, task_version: str | None, split: str, subset: str | None, snapshot: str | None, as_json: bool, task_file: str | None) -> None:
     """List an environment's tasks (and snapshot the registry)."""
     import datetime as dt
 
     from halo_agent.rollout import list_tasks, select_subset
 
-    specs = list_tasks(env_name, task_version=task_version)
+    specs = list_tasks(env_name, task_version=task_version, task_file=task_file)
     if split != "all":
         specs = [t for t in specs if t.split == split]
     if subset:
-        specs = select_subset(env_name, subset, specs)
+        specs = select_subset(env_name, subset, specs, task_file=task_file)
     if snapshot and env_name == "real":
         # A REAL snapshot carries its tasks' JSONs and eval scripts, so a rollout with
         # --task-registry runs exactly what was snapshotted.
@@ -101,19 +106,24 @@ def tasks(env_name: str, task_version: str | None, split: str, subset: str | Non
 
 def _task_options(func):
     options = [
-        click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True),
+        click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="miniwob", show_default=True),
         click.option("--tasks", "task_ids", default=None, help="Comma-separated task ids."),
-        click.option("--subset", default=None, help="Named task subset (miniwob: smoke, click, form, email, deterministic, all; or a site)."),
+        click.option("--subset", default=None, help="Named task subset (miniwob: smoke, click, form, email, deterministic, all; os: short, files, permissions, processes, text, users; or a site)."),
         click.option("--sample-size", type=int, default=None, help="Sample this many tasks (seeded by --seed)."),
         click.option("--split", type=click.Choice(["train", "eval", "all"]), default="all", show_default=True, help="Only tasks of this registry split."),
         click.option("--task-version", default=None, help="REAL task version (v2 by default)."),
         click.option("--task-registry", type=click.Path(dir_okay=False), default=None, help="Task registry snapshot (JSON) to take tasks from."),
+        click.option("--task-file", type=click.Path(dir_okay=False, exists=True), default=None, help=TASK_FILE_HELP),
         click.option("--rollouts-per-task", type=int, default=1, show_default=True, help="Attempts per task."),
         click.option("--temperature", type=float, default=1.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's sampling."),
         click.option("--task-seed", type=int, default=None, help="Seed of the task instances (default: --seed)."),
-        click.option("--max-steps", type=int, default=None, help="Steps per episode (default: 10 miniwob, 70 real)."),
+        click.option("--task-seeds", type=int, default=1, show_default=True, help="Task seeds per task, from --task-seed on; each gets --rollouts-per-task attempts."),
+        click.option("--max-steps", type=int, default=None, help="Steps per episode (default: 10 miniwob, 70 real, 5 os)."),
+        click.option("--observation", type=click.Choice(["axtree", "elements"]), default="axtree", show_default=True,
+                     help="The page in the prompt: the whole AXTree, or only the elements a policy may act on."),
         click.option("--workers", type=int, default=1, show_default=True, help="Parallel worker processes, each with its own browser."),
+        click.option("--ray-address", default=None, help="Fan episodes out over a Ray cluster (auto, or HOST:PORT): --workers Ray workers, each with its own browser."),
         click.option("--pin-workers/--no-pin-workers", default=True, show_default=True, help="Keep each worker, with its browser, on one CPU (round robin)."),
         click.option("--run-id", default=None, help="Run id (default: <kind>-<env>-<UTC time>)."),
         click.option("--resume", is_flag=True, help="Complete the missing episodes of --run-id."),
@@ -142,9 +152,12 @@ def _base_config(kind: str, **o: Any):
         temperature=o["temperature"],
         seed=o["seed"],
         task_seed=o["task_seed"],
+        task_seeds=o["task_seeds"],
+        observation=o["observation"],
         max_steps=o["max_steps"],
         workers=o["workers"],
         pin_workers=o["pin_workers"],
+        ray_address=o["ray_address"],
         lake=o["lake_path"],
         run_id=o["run_id"],
         resume=o["resume"],
@@ -153,7 +166,7 @@ def _base_config(kind: str, **o: Any):
         task_version=o["task_version"],
         task_registry=o["task_registry"],
         policy_options=_parse_options(o["policy_option"], "--policy-option"),
-        env_options=_parse_options(o["env_option"], "--env-option"),
+        env_options={**_parse_options(o["env_option"], "--env-option"), **({"task_file": o["task_file"]} if o["task_file"] else {})},
         reward_config=o["reward_config"],
         flush_episodes=o["flush_episodes"],
         progress=not o["no_progress"],
@@ -169,7 +182,8 @@ def _report(summary, as_json: bool) -> None:
 
 @main.command()
 @_task_options
-@click.option("--policy", type=click.Choice(["random", "openai", "hf"]), default="random", show_default=True)
+@click.option("--policy", type=click.Choice(["random", "openai", "hf", "hierarchy"]), default="random", show_default=True,
+              help="hierarchy: the orchestrator around the policy named by --policy-option worker=NAME (see README).")
 @click.option("--model", default=None, help="Model name (OpenAI, vLLM-served model or LoRA name, local path for hf).")
 @click.option("--adapter", default=None, help="LoRA adapter name or folder.")
 @click.option("--policy-version", default=None, help="Version tag stored on every step.")
@@ -205,7 +219,8 @@ def eval_command(mode_names: str | None, modes_file: str | None, list_modes: boo
 
     if list_modes:
         for name, mode in sorted(load_modes(modes_file).items()):
-            click.echo(f"{name}\t{mode.policy}\t{mode.model or ''}\t{mode.adapter or ''}\t{mode.description}")
+            policy = f"hierarchy({mode.policy})" if mode.hierarchical else mode.policy  # the policy is the worker
+            click.echo(f"{name}\t{policy}\t{mode.model or ''}\t{mode.adapter or ''}\t{mode.description}")
         return
     names = _split_list(mode_names)
     if not names:
@@ -216,8 +231,64 @@ def eval_command(mode_names: str | None, modes_file: str | None, list_modes: boo
             sys.exit(130)
 
 
+@main.command("serve-tasks")
+@click.option("--env", "env_name", type=click.Choice(["os"]), default="os", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (loopback by default).")
+@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--task-file", type=click.Path(dir_okay=False, exists=True), default=None, help=TASK_FILE_HELP)
+@click.option("--max-rounds", type=int, default=5, show_default=True, help="Commands per sample before task_limit_reached.")
+@click.option("--timeout", "timeout_s", type=float, default=20.0, show_default=True, help="Seconds per command; then its process group is killed.")
+@click.option("--reward-map", default=None, help="Reward per outcome, e.g. correct=1,incorrect=-0.5,unknown=0 (the default).")
+@run_cli
+def serve_tasks(env_name: str, host: str, port: int, task_file: str | None, max_rounds: int, timeout_s: float, reward_map: str | None) -> None:
+    """Serve the os tasks over LifelongAgentBench's session protocol (/api/reset, /api/interact, ...)."""
+    from halo_agent.envs.os_sandbox import check_host
+    from halo_agent.task_server import build_service, serve
+
+    check_host()
+    service = build_service(task_file, max_rounds, reward_map, timeout_s)
+    click.echo(f"serving {len(service.tasks)} {env_name} tasks on http://{host}:{port}/api (Ctrl-C stops)", err=True)
+    serve(service, host, port)
+@main.command()
+@_task_options
+@click.option("--policy", type=click.Choice(["random", "openai", "hf"]), default="random", show_default=True, help="Policy that expands (n = K) and simulates.")
+@click.option("--model", default=None, help="Model name (OpenAI, vLLM-served model or LoRA name, local path for hf).")
+@click.option("--adapter", default=None, help="LoRA adapter name or folder.")
+@click.option("--policy-version", default=None, help="Version tag stored on every node.")
+@click.option("--simulations", type=int, default=32, show_default=True, help="Simulations per tree (S).")
+@click.option("--expansions", type=int, default=4, show_default=True, help="Candidate actions sampled in one call at each expanded node (K).")
+@click.option("--c-exp", type=float, default=1.0, show_default=True, help="UCB1 exploration constant c.")
+@click.option("--alpha", type=float, default=0.5, show_default=True, help="Q = alpha * Q_mcts + (1 - alpha) * Q_critic.")
+@click.option("--max-depth", type=int, default=6, show_default=True, help="Deepest node; simulations stop there too.")
+@click.option("--critic", default="progress", show_default=True, help="progress | policy | a model served at --critic-base-url.")
+@click.option("--critic-base-url", default=None, help="OpenAI-compatible endpoint of a model critic (default $HALO_VLLM_URL).")
+@click.option("--theta", type=float, default=0.1, show_default=True, help="Q margin between siblings that makes a pair (stored for mcts_pairs).")
+@click.option("--widen", type=float, default=0.0, show_default=True, help="Progressive widening exponent: K more candidates while a node has fewer than K*(visits+1)**widen children (0: off).")
+@click.option("--backup", type=click.Choice(["success", "progress"]), default="success", show_default=True, help="Back up the env reward, or it plus the dense progress reached.")
+@click.option("--max-env-steps", type=int, default=None, help="Stop a tree after this many environment steps (replays included).")
+@run_cli
+def search(policy: str, model: str | None, adapter: str | None, policy_version: str | None, simulations: int, expansions: int,
+           c_exp: float, alpha: float, max_depth: int, critic: str, critic_base_url: str | None, theta: float, widen: float, backup: str,
+           max_env_steps: int | None, **o: Any) -> None:
+    """Monte Carlo Tree Search per task seed (Agent Q); whole trees into mcts_nodes."""
+    import dataclasses
+
+    from halo_agent.search import SearchConfig, run_search
+
+    base = dataclasses.asdict(_base_config("rollout", **o))
+    base.update(policy=policy, model=model, adapter=adapter, policy_version=policy_version, max_steps=None)
+    config = SearchConfig(
+        **base, simulations=simulations, expansions=expansions, c_exp=c_exp, alpha=alpha, max_depth=max_depth, critic=critic,
+        critic_base_url=critic_base_url, theta=theta, widen=widen, backup=backup, max_env_steps=max_env_steps,
+    )
+    summary = run_search(config)
+    _report(summary, o["as_json"])
+    if summary.status == "interrupted":
+        sys.exit(130)
+
+
 @main.command("verify-exploration")
-@click.option("--env", "env_name", type=click.Choice(["miniwob", "real"]), default="miniwob", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="miniwob", show_default=True)
 @click.option("--task", "task_id", required=True, help="Task id.")
 @click.option("--temperature-a", type=float, default=0.0, show_default=True)
 @click.option("--temperature-b", type=float, default=0.7, show_default=True)

@@ -122,6 +122,14 @@ class EngineClient:
                 raise EngineError(f"no engine answered at {self.base_url} within {timeout:.0f} s: start one or check --engine-url")
             time.sleep(interval)
 
+    def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> str:
+        """The text of the first choice of one chat completion (``params``: temperature, max_tokens, seed, ...)."""
+        answer = json.loads(self._request("POST", "chat/completions", {"model": model, "messages": messages, **params}))
+        try:
+            return answer["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise EngineError(f"POST {self.base_url}/chat/completions: an answer without choices") from None
+
     def models(self) -> dict[str, dict[str, Any]]:
         """``{id: model card}`` of what the engine serves: the base model and its adapters (cards with a ``parent``)."""
         data = json.loads(self._request("GET", "models")).get("data", [])

@@ -35,6 +35,22 @@ class Observation:
     step_idx: int
     task_id: str
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    site: str | None = None
+
+
+@dataclasses.dataclass
+class ModelCall:
+    """A model call made while choosing an action that is not the action itself (the manager's): its own step row."""
+
+    messages: list[dict[str, Any]]  # the prompt, as rendered by halo_data.prompts
+    output: str | None
+    model: str
+    action_source: str = "manager"
+    latency_ms: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    error: str | None = None  # the endpoint failed, or the answer was unusable
 
 
 @dataclasses.dataclass
@@ -49,6 +65,24 @@ class PolicyOutput:
     logprobs: list[float] | None = None
     logprob_sum: float | None = None
     api_error: str | None = None  # the model endpoint failed (not the environment, not a wrong answer)
+    macro: str | None = None  # the macro this action was expanded from (action_source 'macro')
+    call_model: str | None = None  # the model called for this action, if one was
+    cost_usd: float | None = None  # that call's estimated cost
+    calls: list[ModelCall] = dataclasses.field(default_factory=list)  # other calls made first (each its own step row)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFeedback:
+    """What the environment did with a policy's action; given to ``Policy.observe`` where a policy has it."""
+
+    action: str | None
+    action_source: str
+    action_valid: bool
+    action_error: str | None
+    state_before: str
+    state_after: str | None
+    progress: float  # the progress reward component of the step
+    env_reward: float
 
 
 @runtime_checkable

@@ -104,6 +104,38 @@ class LakeInfo:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False)
 
 
+# S3 itself does not stop two writers committing the same table version: delta-rs needs
+# conditional puts (S3, MinIO, R2, moto) or a DynamoDB lock for that. These variables
+# (delta-rs's names) say which; they carry no secret, so HALO passes them on explicitly.
+# Credentials stay in the environment, where delta-rs and pyarrow read them: a Lake never holds them.
+S3_COMMIT_ENV = ("AWS_CONDITIONAL_PUT", "AWS_S3_LOCKING_PROVIDER", "DELTA_DYNAMO_TABLE_NAME", "AWS_ALLOW_HTTP")
+S3_SAFE_COMMIT_OPTIONS = ("aws_conditional_put", "aws_s3_locking_provider")
+
+
+def _scheme(root: str) -> str:
+    return urllib.parse.urlparse(root).scheme.lower()
+
+
+def storage_options_from_env(root: str) -> dict[str, str] | None:
+    """The commit options of an ``s3://`` lake from the environment; None for other lakes."""
+    if _scheme(root) not in ("s3", "s3a"):
+        return None
+    return {k.lower(): os.environ[k] for k in S3_COMMIT_ENV if os.environ.get(k)}
+
+
+def check_safe_commits(root: str, storage_options: Mapping[str, str] | None) -> None:
+    """Refuse to write an S3 lake whose commits could overwrite each other."""
+    if _scheme(root) not in ("s3", "s3a"):
+        return
+    options = {k.lower(): v for k, v in (storage_options or {}).items()}
+    if any(options.get(k) for k in S3_SAFE_COMMIT_OPTIONS):
+        return
+    raise LakeError(
+        f"{root}: writers to an S3 lake need safe commits: export AWS_CONDITIONAL_PUT=etag "
+        "(S3, MinIO, R2), or AWS_S3_LOCKING_PROVIDER=dynamodb with DELTA_DYNAMO_TABLE_NAME"
+    )
+
+
 def _is_local(root: str) -> bool:
     scheme = urllib.parse.urlparse(root).scheme
     return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
@@ -187,7 +219,7 @@ class Lake:
     def __init__(self, root: str | os.PathLike[str], info: LakeInfo, storage_options: dict[str, str] | None = None):
         self.root = str(root).rstrip("/")
         self.info = info
-        self.storage_options = storage_options
+        self.storage_options = storage_options if storage_options is not None else storage_options_from_env(self.root)
         # Tables this object appends to, kept open between appends: re-opening one replays its
         # log, which was ~40% of a writer's flush (measured); the cache is brought up to date
         # incrementally before each append.
@@ -203,6 +235,9 @@ class Lake:
         from deltalake import DeltaTable
 
         root = str(root).rstrip("/")
+        if storage_options is None:
+            storage_options = storage_options_from_env(root)
+        check_safe_commits(root, storage_options)
         existing = cls._read_info(root, storage_options)
         if existing is not None:
             lake = cls._from_info(root, existing, storage_options)
@@ -312,6 +347,10 @@ class Lake:
     def is_local(self) -> bool:
         return _is_local(self.root)
 
+    def check_writable(self) -> None:
+        """Raise ``LakeError`` before a write that could lose another writer's commit."""
+        check_safe_commits(self.root, self.storage_options)
+
     def table_uri(self, name: str) -> str:
         if name not in S.TABLES:
             raise LakeError(f"unknown table {name!r}; tables are {', '.join(S.TABLES)}")
@@ -342,6 +381,7 @@ class Lake:
         """Append rows in one commit; returns the new table version."""
         from deltalake import CommitProperties, write_deltalake
 
+        self.check_writable()
         spec = S.TABLES[name]
         data = conform(data, spec)
         dtab = self._append_tables.get(name)
@@ -371,6 +411,7 @@ class Lake:
 
         if not rows:
             return
+        self.check_writable()
         # Rows may name different columns; from_pylist alone would keep only the first row's.
         columns = list(dict.fromkeys(k for r in rows for k in r))
         data = conform(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows]), S.RUNS)

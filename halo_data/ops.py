@@ -55,6 +55,7 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
     """
     from deltalake import CommitProperties, write_deltalake
 
+    lake.check_writable()
     report: dict[str, Any] = {"screenshot_copies_dropped": 0, "tables": {}}
     for prefix in _duplicate_screenshot_prefixes(lake):
         con = lake.connect(views=False)
@@ -93,6 +94,8 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
 
 def vacuum(lake: Lake, retention_hours: int = 168, dry_run: bool = False) -> dict[str, list[str]]:
     """Delete files no snapshot newer than ``retention_hours`` needs. Ends time travel past that point."""
+    if not dry_run:
+        lake.check_writable()
     out = {}
     for name in S.TABLES:
         out[name] = lake.table(name).vacuum(
@@ -196,6 +199,7 @@ def quarantine(lake: Lake, run_id: str) -> dict[str, Any]:
     """Delete every row of a run. Recoverable with ``--as-of`` (the versions returned) until vacuumed."""
     from deltalake import CommitProperties
 
+    lake.check_writable()
     before = lake.versions()
     con = lake.connect(views=False)
     try:

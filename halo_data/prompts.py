@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 PROMPT_VERSION = "halo-prompt-v1"
+# What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on.
+OBSERVATION_FORMATS = ("axtree", "elements")
+PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v1-elements"}
 
 MAX_OBSERVATION_CHARS = 6000
 HISTORY_LENGTH = 3
@@ -50,8 +53,9 @@ def render_messages(
     use_screenshot: bool = False,
     max_observation_chars: int = MAX_OBSERVATION_CHARS,
     history_length: int = HISTORY_LENGTH,
+    plan: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Chat messages for one step (version ``PROMPT_VERSION``)."""
+    """Chat messages for one step (version ``PROMPT_VERSION``); ``plan`` is a manager's plan or sub-goal."""
     obs = observation or ""
     if len(obs) > max_observation_chars:
         obs = obs[:max_observation_chars] + "\n[... truncated]"
@@ -59,18 +63,89 @@ def render_messages(
     hist = "\n".join(f"- {a}" for a in recent) if recent else "(none)"
     text = (
         f"Goal: {goal}\n"
-        f"URL: {url}\n"
+        + (f"Plan: {plan}\n" if plan else "")
+        + f"URL: {url}\n"
         f"Previous actions:\n{hist}\n"
         f"Page:\n{obs}\n"
         "Next action:"
     )
-    if use_screenshot and screenshot_hash:
-        content: Any = [{"type": "image_ref", "hash": screenshot_hash}, {"type": "text", "text": text}]
-        system = SYSTEM_PROMPT_SCREENSHOT
-    else:
-        content = text
-        system = SYSTEM_PROMPT
-    return [{"role": "system", "content": system}, {"role": "user", "content": content}]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+    return with_screenshot(messages, screenshot_hash) if use_screenshot and screenshot_hash else messages
+
+
+def with_screenshot(messages: list[dict[str, Any]], screenshot_hash: str) -> list[dict[str, Any]]:
+    """A text prompt as screenshot mode renders it: the screenshot system prompt, and the image
+    (by hash) before the text of the last user message, where the serving engine shows it.
+
+    A prompt that already carries an image is returned as it is. This is how a step collected by
+    a text or random policy becomes a VLM training row without collecting again.
+    """
+    if has_image(messages):
+        return messages
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system" and out[0].get("content") == SYSTEM_PROMPT:
+        out[0]["content"] = SYSTEM_PROMPT_SCREENSHOT
+    last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last_user is None:
+        raise ValueError("a prompt without a user message has nowhere to show a screenshot")
+    text = out[last_user].get("content") or ""
+    out[last_user]["content"] = [{"type": "image_ref", "hash": screenshot_hash}, {"type": "text", "text": text}]
+    return out
+
+
+def has_image(messages: list[dict[str, Any]]) -> bool:
+    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_ref" for p in m["content"]) for m in messages)
+
+
+def image_hashes(messages: list[dict[str, Any]]) -> list[str]:
+    """The screenshot hashes a prompt refers to, in order."""
+    return [p["hash"] for m in messages if isinstance(m.get("content"), list) for p in m["content"] if p.get("type") == "image_ref"]
+
+
+MANAGER_SYSTEM_PROMPT = (
+    "You are the manager of a web agent. A worker acts on the page one action at a time; you give it "
+    "direction. Read the goal, the page and what happened so far, and answer in exactly this form:\n"
+    "PLAN: <one or two sentences: how to reach the goal from here>\n"
+    "SUBGOAL: <the worker's next sub-goal, one short sentence>\n"
+    "Optionally a third line MACRO: <name> to run one of these skills now: {macros}."
+)
+
+
+def render_manager_messages(
+    goal: str,
+    url: str,
+    observation: str,
+    history: Sequence[str] = (),
+    reason: str = "start",
+    macros: Sequence[str] = (),
+    question: str | None = None,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
+) -> list[dict[str, Any]]:
+    """Chat messages for a manager call (version ``PROMPT_VERSION``): why it is called, and the page."""
+    obs = observation or ""
+    if len(obs) > max_observation_chars:
+        obs = obs[:max_observation_chars] + "\n[... truncated]"
+    hist = "\n".join(f"- {a}" for a in history) if history else "(none)"
+    text = (
+        f"Goal: {goal}\n"
+        f"Called because: {reason}\n"
+        + (f"The worker asks: {question}\n" if question else "")
+        + f"URL: {url}\n"
+        f"Actions so far:\n{hist}\n"
+        f"Page:\n{obs}\n"
+        "Your answer:"
+    )
+    system = MANAGER_SYSTEM_PROMPT.format(macros=", ".join(macros) if macros else "(none)")
+    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+
+
+def elements_text(elements: Iterable[tuple[str, str, str]]) -> str:
+    """The page as the elements a policy may act on, one ``[bid] role 'name'`` line each (AXTree lines, nothing else).
+
+    ``elements``: (bid, role, accessible name) in page order. A small model reads ~10 tokens an
+    element instead of the whole tree's text, URLs and inline boxes.
+    """
+    return "\n".join(f"[{bid}] {role} '{name}'" for bid, role, name in elements)
 
 
 def dumps(messages: list[dict[str, Any]]) -> str:

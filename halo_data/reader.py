@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from halo_data.lake import Lake
 
 log = logging.getLogger(__name__)
+
+# Arrow datasets an object-store lake's tables are read through, by connection: DuckDB keeps a
+# registered Python object per connection, so each cursor must register them again (``cursor``).
+_ARROW_SOURCES: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 # The raw screenshots table; `screenshots` is a view over it that hides copies.
 RAW_TABLE_NAMES = {"screenshots": "screenshots_all"}
@@ -68,8 +73,9 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
             have = set()
     else:
         # Object stores: DuckDB reads through delta-rs's Arrow dataset (no extension download needed).
-        con.register(f"__arrow_{name}", dtab.to_pyarrow_dataset())
         source = f"__arrow_{name}"
+        _ARROW_SOURCES.setdefault(con, {})[source] = dtab.to_pyarrow_dataset()
+        con.register(source, _ARROW_SOURCES[con][source])
         have = set(table_schema.names)
     extra = [n for n in table_schema.names if n not in spec.column_names and (source is None or n in have)]
     if source is None:
@@ -119,6 +125,14 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     elif views:
         create_views(con)
     return con
+
+
+def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` (one per thread) that reads the same tables, an object-store lake's included."""
+    cur = con.cursor()
+    for source, dataset in _ARROW_SOURCES.get(con, {}).items():
+        cur.register(source, dataset)
+    return cur
 
 
 def sql_arrow(con: duckdb.DuckDBPyConnection, sql: str, parameters: dict | None = None) -> pa.Table:

@@ -238,6 +238,7 @@ class StepRecord:
     model_output: str | None = None
     action: str | None = None
     action_source: str | None = None
+    macro: str | None = None  # the macro an action_source 'macro' step came from
     action_valid: bool | None = None
     parse_error: str | None = None
     action_error: str | None = None
@@ -250,6 +251,8 @@ class StepRecord:
     env_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    call_model: str | None = None  # the model called for this row (worker or manager)
+    cost_usd: float | None = None
     logprobs: Sequence[float] | None = None
     logprob_sum: float | None = None
     is_last: bool | None = None  # derived by the writer from the step's position

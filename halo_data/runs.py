@@ -10,7 +10,8 @@ their run here, so every row carries the same provenance (package versions,
 git sha, host, Python) and nothing that looks like a secret: the values of
 secret-named keys and options, and key-like strings (``sk-…``, ``hf_…``,
 ``Bearer …``) anywhere in the config or the command line, are replaced by
-``[REDACTED]`` before a row is built.
+``[REDACTED]`` before a row is built. AWS access key ids and the ``user:password@`` part
+of a URI count as key-like; a lake's S3 credentials stay in the environment and are never read here.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ PROVENANCE_PACKAGES = (
     "transformers", "torch", "peft", "trl", "datasets", "accelerate", "unsloth",
 )
 _SECRET_NAME = re.compile(r"(key|token|secret|password|passwd|authorization)", re.IGNORECASE)
-_SECRET_VALUE = re.compile(r"\b(sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|Bearer\s+\S+)")
+_SECRET_VALUE = re.compile(
+    r"\b(sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|Bearer\s+\S+|(?:AKIA|ASIA)[A-Z0-9]{16})"
+    # the user:password part of a URI (s3://KEY:SECRET@bucket/lake, https://user:pass@host)
+    r"|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)"
+)
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -92,10 +92,15 @@ def load_tokenizer(name: str):
 
 
 def load_for_training(cfg: TrainConfig) -> LoadedModel:
+    """The base model with fresh (or --init-adapter) LoRA weights; for a vision-language model, ``tokenizer`` is its processor."""
+    from halo_agent.vlm import is_vlm
+
     backend = resolve_backend(cfg.backend)
     name = base_model_path(cfg.base_model)
     if backend == "unsloth" and cfg.init_adapter:
         raise TrainConfigError("--init-adapter is not supported with --backend unsloth yet: use --backend peft")
+    if is_vlm(name):
+        return _load_vlm(cfg, name, backend)
     if backend == "unsloth":
         return _load_unsloth(cfg, name)
     from peft import get_peft_model
@@ -128,6 +133,40 @@ def _warm_start(model, adapter_dir: str):
         raise TrainConfigError(f"cannot load --init-adapter {adapter_dir}: {str(e).splitlines()[0]}") from None
     log.info("warm start from adapter %s", adapter_dir)
     return model
+
+
+def _load_vlm(cfg: TrainConfig, name: str, backend: str) -> LoadedModel:
+    if backend == "unsloth":
+        return _load_unsloth_vision(cfg, name)
+    from halo_train.vlm import load_vlm_for_training
+
+    model, processor = load_vlm_for_training(cfg, name, training_dtype())
+    return LoadedModel(model, processor, "peft")
+
+
+def _load_unsloth_vision(cfg: TrainConfig, name: str) -> LoadedModel:
+    from unsloth import FastVisionModel  # optional GPU extra
+
+    from halo_train.vlm import check_vision_frozen
+
+    model, processor = FastVisionModel.from_pretrained(model_name=name, load_in_4bit=False)
+    model = FastVisionModel.get_peft_model(
+        model,
+        finetune_vision_layers=False,  # the vision tower stays frozen
+        finetune_language_layers=True,
+        finetune_attention_modules=True,
+        finetune_mlp_modules=True,
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        bias="none",
+        random_state=cfg.seed,
+        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing is not False else False,
+    )
+    FastVisionModel.for_training(model)
+    check_vision_frozen(model)
+    log.info("loaded VLM %s with LoRA r=%d through unsloth", name, cfg.lora_r)
+    return LoadedModel(model, processor, "unsloth")
 
 
 def _load_unsloth(cfg: TrainConfig, name: str) -> LoadedModel:

@@ -43,4 +43,6 @@ def _make_trainer(cfg: BCConfig, model, tokenizer, dataset, callbacks: list):
 
 def train_bc(cfg: BCConfig) -> TrainResult:
     """Train a LoRA adapter on bc_rows; returns where it is and how to serve it."""
-    return run_job(cfg, JobSpec(make_dataset=_make_dataset, make_trainer=_make_trainer))
+    from halo_train.vlm import job_spec_for
+
+    return run_job(cfg, job_spec_for(cfg, JobSpec(make_dataset=_make_dataset, make_trainer=_make_trainer)))

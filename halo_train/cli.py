@@ -4,7 +4,9 @@
     halo-train dpo  --lake lake --base-model models/tiny --max-steps 5 --output-dir out/dpo
     halo-train grpo --lake lake --base-model models/tiny --max-steps 5 --output-dir out/grpo
     halo-train merge --adapter out/dpo/final --output models/dpo-merged
+    halo-train mcts --tasks click-button-sequence --base-model models/tiny --serve --output-dir out/mcts
     halo-train make-tiny-model models/tiny --warmup-lake lake
+    halo-train make-tiny-model --vision models/tiny-vlm
     halo-train quickstart                    # rollouts -> lake -> views -> tiny model -> bc, dpo, grpo
 
 Each job's options come from its config dataclass (``halo_train.config``), and
@@ -26,6 +28,8 @@ import click
 
 from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
 from halo_data.lake import LakeError
+from halo_train.serve import DEFAULT_STATE_DIR
+from halo_train.trainer_utils import is_main_process
 from halo_train.config import CONFIGS, TrainConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -87,8 +91,8 @@ def _option_for(field: dataclasses.Field, hint: Any) -> Callable:
     return click.option(name, type=click_type, default=None, help=help_text)
 
 
-def _job_command(job_type: str, train: Callable[[TrainConfig], Any]) -> click.Command:
-    cls = CONFIGS[job_type]
+def _job_command(job_type: str, train: Callable[[TrainConfig], Any], cls: type[TrainConfig] | None = None) -> click.Command:
+    cls = cls or CONFIGS[job_type]
     hints = typing.get_type_hints(cls)
 
     @run_cli
@@ -101,6 +105,8 @@ def _job_command(job_type: str, train: Callable[[TrainConfig], Any]) -> click.Co
             options.pop("params", None)
         cfg = load_config(cls, config, overrides=options)
         result = train(cfg)
+        if not is_main_process():  # `accelerate launch`: rank 0 reports for all
+            return
         metrics_sql = f"select step, metric, value from train_metrics where run_id = '{result.run_id}'"
         click.echo(f"run {result.run_id}: {result.global_step} steps on {result.rows} rows of {cfg.view}")
         click.echo(f"adapter: {result.final_adapter}")
@@ -137,6 +143,21 @@ for _job in ("bc", "dpo", "grpo"):
     main.add_command(_job_command(_job, _train(_job)))
 
 
+def _train_ppo(cfg: TrainConfig) -> Any:
+    from halo_train.ppo import train_ppo
+
+    return train_ppo(cfg)
+
+
+def _ppo_command() -> click.Command:
+    from halo_train.ppo import PPOConfig
+
+    return _job_command("ppo", _train_ppo, PPOConfig)
+
+
+main.add_command(_ppo_command())
+
+
 @main.command("merge")
 @click.option("--adapter", required=True, type=click.Path(), help="Adapter folder (OUTPUT_DIR/final or a checkpoint).")
 @click.option("--output", required=True, type=click.Path(), help="Folder for the merged model (new or empty).")
@@ -157,15 +178,32 @@ def merge_command(adapter: str, output: str, base_model: str | None) -> None:
 @click.option("--warmup-lake", default=None, help="Fine-tune briefly on this lake's bc_rows so outputs parse as actions.")
 @click.option("--steps", default=60, show_default=True, help="Warm-up optimizer steps.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
+@click.option("--hidden-size", type=click.IntRange(min=8), default=64, show_default=True, help="Width of the model (heads: 4).")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="Transformer layers.")
+@click.option("--vocab-size", type=click.IntRange(min=300), default=512, show_default=True, help="BPE vocabulary size.")
+@click.option("--warmup-top-percent", type=click.FloatRange(min=0, min_open=True, max=100), default=None,
+              help="bc_rows' top-percent cut for the warm-up (100: every valid step, whatever the outcome).")
+@click.option("--vision", is_flag=True, help="A tiny Qwen2-VL-style vision-language model and processor instead.")
 @run_cli
-def make_tiny_model_command(out: str, warmup_lake: str | None, steps: int, seed: int) -> None:
-    """Build a tiny Qwen2-style model and tokenizer locally (seconds on CPU; no download)."""
+def make_tiny_model_command(out: str, warmup_lake: str | None, steps: int, seed: int, hidden_size: int, layers: int,
+                            vocab_size: int, warmup_top_percent: float | None, vision: bool) -> None:
+    """Build a tiny Qwen2-style model (or, with --vision, Qwen2-VL-style VLM) and its tokenizer locally (seconds on CPU; no download)."""
     from halo_train.tiny_model import build_tiny_model
 
     _setup_logging()
     if steps < 1:
         raise LakeError(f"--steps must be at least 1, got {steps}")
-    path = build_tiny_model(out, warmup_lake=warmup_lake, steps=steps, seed=seed)
+    if vision:
+        from halo_train.tiny_vlm import build_tiny_vlm
+
+        if warmup_lake is not None:
+            raise LakeError("--warmup-lake warms up the text model only: train the VLM with `halo-train bc` instead")
+        click.echo(f"tiny VLM: {build_tiny_vlm(out, seed=seed)}")
+        return
+    if hidden_size % 4:
+        raise LakeError(f"--hidden-size must be a multiple of 4 (the model has 4 heads), got {hidden_size}")
+    path = build_tiny_model(out, warmup_lake=warmup_lake, steps=steps, seed=seed, hidden_size=hidden_size, layers=layers,
+                            vocab_size=vocab_size, top_percent=warmup_top_percent)
     click.echo(f"tiny model: {path}")
 
 
@@ -203,29 +241,38 @@ def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: 
     run_quickstart(cfg, echo=click.echo)
 
 
-def _online_command() -> click.Command:
-    from halo_train.online import OnlineConfig
-
-    hints = typing.get_type_hints(OnlineConfig)
+def _loop_command(name: str, config_cls: type, run: Callable[..., Any], help_text: str) -> click.Command:
+    """A command for a loop over the served policy (online-grpo, mcts): options from its config dataclass."""
+    hints = typing.get_type_hints(config_cls)
 
     @click.pass_context
     @run_cli
     def command(ctx: click.Context, **options: Any) -> None:
-        from halo_train.online import run_online
-
         verbose = bool(ctx.find_root().params.get("verbose"))
         _setup_logging(logging.DEBUG if verbose else logging.WARNING)
         if not verbose:
             _quiet_libraries()
-        cfg = OnlineConfig(**{k: v for k, v in options.items() if v is not None})
-        summary = run_online(cfg, echo=click.echo)
+        cfg = config_cls(**{k: v for k, v in options.items() if v is not None})
+        summary = run(cfg, echo=click.echo)
         metrics_sql = f"select step, metric, value from train_metrics where run_id = '{summary.run_id}' order by step, metric"
         click.echo(f"run {summary.run_id}: {len(summary.iterations)} iterations, serving {summary.served or 'the base model'}")
         click.echo(f"metrics:  {script_command('halo-data', 'query', metrics_sql, '--lake', cfg.lake)}")
 
-    for field in reversed(dataclasses.fields(OnlineConfig)):
+    for field in reversed(dataclasses.fields(config_cls)):
         command = _option_for(field, hints[field.name])(command)
-    return click.command("online-grpo", help=ONLINE_HELP)(command)
+    return click.command(name, help=help_text)(command)
+
+
+def _online_command() -> click.Command:
+    from halo_train.online import OnlineConfig, run_online
+
+    return _loop_command("online-grpo", OnlineConfig, run_online, ONLINE_HELP)
+
+
+def _mcts_command() -> click.Command:
+    from halo_train.mcts import MCTSConfig, run_mcts
+
+    return _loop_command("mcts", MCTSConfig, run_mcts, MCTS_HELP)
 
 
 ONLINE_HELP = """Online GRPO: sample with the served policy version, land the steps in the lake, update from
@@ -234,6 +281,12 @@ grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine under
 Train task seeds are --train-seed-start + iteration; held-out seeds start at --eval-seed-start
 and must lie past them (checked). --group-by takes only `episode` for now. --serve starts HALO's
 chat server on CPU; for vLLM start it yourself (see README) and pass --engine-url."""
+
+
+MCTS_HELP = """The Agent Q loop: search every task seed with the served policy version (MCTS, K candidates per
+call, critic progress, policy or a served model), whole trees into mcts_nodes; DPO on the run's
+mcts pairs (stored generation logprobs as the reference); save OUTPUT/policy-{v+1}, reload it into
+the engine under that name, search again. --serve starts HALO's chat server on CPU."""
 
 
 def _quiet_libraries() -> None:
@@ -252,6 +305,56 @@ def _quiet_libraries() -> None:
 
 
 main.add_command(_online_command())
+main.add_command(_mcts_command())
+
+
+@main.command("serve", context_settings={"ignore_unknown_options": False})
+@click.option("--base-model", default=None, help="Base model folder (or hub id) the engine serves.")
+@click.option("--adapters", "adapters", multiple=True, metavar="NAME=DIR [NAME=DIR ...]",
+              help="LoRA adapter folders, served (and selected by requests) under NAME.")
+@click.argument("more_adapters", nargs=-1, metavar="")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="vLLM's bind address (0.0.0.0 for other machines).")
+@click.option("--engine", type=click.Choice(["auto", "vllm", "chat"]), default="auto", show_default=True,
+              help="auto: vllm where it is installed and a GPU is present, else HALO's chat server.")
+@click.option("--vllm-args", default="", help="More `vllm serve` options, e.g. \"--max-model-len 8192\".")
+@click.option("--wait", type=float, default=600, show_default=True, help="Seconds to wait for the engine to answer.")
+@click.option("--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True,
+              help="Where the pid file and log of each port's engine go.")
+@click.option("--dry-run", is_flag=True, help="Print the engine's command line and exit.")
+@click.option("--stop", is_flag=True, help="End the engine started on --port (only that one).")
+@run_cli
+def serve_command(base_model: str | None, adapters: tuple[str, ...], more_adapters: tuple[str, ...], port: int, host: str,
+                  engine: str, vllm_args: str, wait: float, state_dir: str, dry_run: bool, stop: bool) -> None:
+    """Serve a base model and LoRA adapters in the background: vLLM on a GPU, HALO's chat server on CPU."""
+    import shlex
+
+    from halo_train import serve
+
+    if stop:
+        click.echo(serve.stop(port, state_dir))
+        return
+    if not base_model:
+        fail("--base-model is required (or --stop)")
+    if more_adapters and not adapters:
+        fail(f"unexpected argument {more_adapters[0]!r}: adapters follow --adapters")
+    spec = serve.ServeSpec(base_model, serve.parse_adapters([*adapters, *more_adapters]), port, host, engine,
+                           tuple(shlex.split(vllm_args)))
+    if dry_run:
+        name, command, _ = serve.engine_process(spec)
+        prefix = "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " if name == "vllm" else ""
+        click.echo(prefix + shlex.join(command))
+        return
+    _setup_logging()
+    state = serve.start(spec, state_dir, wait=wait)
+    served = ", ".join(n for n in state["models"] if n in spec.adapters) or "none"
+    click.echo(f"serving {base_model} with {state['engine']} at {state['url']} (adapters: {served}; pid {state['pid']}, "
+               f"log {state['log']})")
+    click.echo(f"export HALO_VLLM_URL={state['url']}")
+    stop_args = ["serve", "--stop", "--port", str(port)]
+    if state_dir != str(DEFAULT_STATE_DIR):
+        stop_args += ["--state-dir", state_dir]
+    click.echo(f"stop it: {script_command('halo-train', *stop_args)}")
 
 
 if __name__ == "__main__":

@@ -35,12 +35,16 @@ DPO_LOSS_TYPES = (
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
     "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
 )
+# The sources of dpo_pairs' rows (its `source` column), and all of them.
+DPO_SOURCES = ("all", "episodes", "candidates", "mcts")
 # TRL's GRPO loss names (trl.GRPOConfig.loss_type) that make sense without generation.
 GRPO_LOSS_TYPES = ("dr_grpo", "grpo", "bnpo")
 SCALE_REWARDS = ("none", "group", "batch")
-# Served adapter names that halo-agent's shipped eval modes (halo_agent/configs/modes.yaml) request. The GRPO
-# mode there (qwen3vl_grpo) sends screenshots, which these text-only jobs do not train on, so grpo gets its own name.
-DEFAULT_ADAPTER_NAMES = {"bc": "qwen_worker_bc", "dpo": "qwen_worker_dpo", "grpo": "halo-grpo"}
+# Served adapter names that halo-agent's shipped eval modes (halo_agent/configs/modes.yaml) request: the text
+# modes for a text base model, the screenshot modes (qwen3vl_*) for a vision-language one. The text GRPO
+# adapter has no mode of its own.
+DEFAULT_ADAPTER_NAMES = {"bc": "qwen_worker_bc", "dpo": "qwen_worker_dpo", "grpo": "halo-grpo", "ppo": "halo-ppo"}
+VLM_ADAPTER_NAMES = {"bc": "qwen3vl_bc", "dpo": "qwen3vl_dpo", "grpo": "qwen3vl_grpo"}
 
 
 def _field(default: Any = dataclasses.MISSING, help: str = "", choices: tuple[str, ...] | None = None, **kw: Any) -> Any:
@@ -78,7 +82,7 @@ class TrainConfig:
     base_model: str = _field("", "Base model: a local folder or a hub id.")
     output_dir: str = _field("", "Folder for checkpoints and the final adapter; out/<job> by default.")
     run_id: str | None = _field(None, "Run id of the training run in the lake; derived from the job and time by default.")
-    adapter_name: str | None = _field(None, "Name the adapter is served under (vllm --lora-modules NAME=DIR); qwen_worker_bc, qwen_worker_dpo (halo-agent's eval modes) or halo-grpo by default.")
+    adapter_name: str | None = _field(None, "Name the adapter is served under (vllm --lora-modules NAME=DIR); by default halo-agent's eval mode names: qwen_worker_bc, qwen_worker_dpo (or halo-grpo), or for a vision-language base qwen3vl_bc, qwen3vl_dpo, qwen3vl_grpo.")
     backend: str = _field("auto", "auto | peft | unsloth: unsloth needs a CUDA GPU; auto picks it when present.", choices=BACKENDS)
     lora_r: int = _field(16, "LoRA rank.")
     lora_alpha: int = _field(32, "LoRA alpha (scale = alpha / r).")
@@ -111,7 +115,6 @@ class TrainConfig:
         self.lake = str(self.lake or os.environ.get("HALO_LAKE") or "lake")
         self.view = self.view or self.default_view
         self.output_dir = self.output_dir or f"out/{self.job_type}"
-        self.adapter_name = self.adapter_name or DEFAULT_ADAPTER_NAMES.get(self.job_type, f"halo-{self.job_type}")
         self.target_modules = _split_list(self.target_modules) or []
         if isinstance(self.params, (list, tuple)):
             from halo_data.config import parse_params
@@ -125,6 +128,11 @@ class TrainConfig:
                 f"base model path {self.base_model} does not exist: build a test model with "
                 f"`halo-train make-tiny-model {self.base_model}` or pass a hub id"
             )
+        if not self.adapter_name:
+            from halo_agent.vlm import is_vlm
+
+            names = VLM_ADAPTER_NAMES if is_vlm(self.base_model, local_files_only=True) else DEFAULT_ADAPTER_NAMES
+            self.adapter_name = names.get(self.job_type, f"halo-{self.job_type}")
         if self.backend not in BACKENDS:
             raise TrainConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.report_to not in REPORT_TO:
@@ -207,6 +215,10 @@ class DPOConfig(TrainConfig):
     beta: float = _field(0.1, "DPO beta: higher keeps the policy closer to the base model.")
     loss_type: list = _field(["sigmoid"], "TRL DPO loss name(s), comma-separated: sigmoid, ipo, hinge, robust, ...")
     loss_weights: list | None = _field(None, "Weights of several --loss-type values, comma-separated.")
+    source: str = _field(
+        "all", "Pairs of one source of dpo_pairs only: episodes, candidates, mcts (search trees; their stored generation "
+        "logprobs are the reference where both are present) or all.", choices=DPO_SOURCES,
+    )
 
     job_type: typing.ClassVar[str] = "dpo"
     default_view: typing.ClassVar[str] = "dpo_pairs"
@@ -225,6 +237,13 @@ class DPOConfig(TrainConfig):
                 )
         if self.beta <= 0:
             raise TrainConfigError(f"--beta must be positive, got {self.beta}")
+        if self.source not in DPO_SOURCES:
+            raise TrainConfigError(f"--source must be one of {', '.join(DPO_SOURCES)}, got {self.source!r}")
+        if self.source != "all":
+            if self.view != "dpo_pairs":
+                raise TrainConfigError(f"--source picks rows of dpo_pairs; --view {self.view} has no source column: drop one of them")
+            only = f"source = '{self.source}'"
+            self.where = only if not self.where else f"({self.where}) AND {only}"
 
 
 @dataclasses.dataclass
@@ -246,6 +265,7 @@ class GRPOConfig(TrainConfig):
     epsilon: float = _field(0.2, "Lower clip range of the importance ratio (used where behaviour logprobs are stored).")
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28).")
     max_completion_length: int = _field(256, "Completion tokens kept per row; dr_grpo's constant normaliser.")
+    beta: float = _field(0.0, "KL coefficient against the reference (the base model: the adapter disabled); 0: no KL term, no reference pass.")
     policy_version: int | None = _field(
         None, "Version of the weights being trained (updates since the base model); the newest version in the rows by default."
     )
@@ -268,6 +288,8 @@ class GRPOConfig(TrainConfig):
             raise TrainConfigError(f"--epsilon-high must be positive, got {self.epsilon_high}")
         if self.max_completion_length < 1:
             raise TrainConfigError(f"--max-completion-length must be at least 1, got {self.max_completion_length}")
+        if self.beta < 0:
+            raise TrainConfigError(f"--beta must be 0 (no KL) or positive, got {self.beta}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise TrainConfigError(f"--max-staleness must be 0 or more, got {self.max_staleness}")
         if self.view != "grpo_groups":

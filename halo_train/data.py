@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 # What to do next when a view has no rows, by view.
 EMPTY_VIEW_HINTS = {
     "bc_rows": "no BC rows: collect episodes with valid actions first (halo-agent rollout), or widen --top-percent / --where",
-    "dpo_pairs": "no DPO pairs: collect at least two attempts per task (halo-agent rollout --rollouts-per-task 2 or more)",
+    "dpo_pairs": "no DPO pairs: collect at least two attempts per task (halo-agent rollout --rollouts-per-task 2 or more), "
+                 "or search trees (halo-agent search)",
     "grpo_groups": "no GRPO groups: collect several attempts per task with the same --task-seed (halo-agent rollout --rollouts-per-task 4)",
 }
 
@@ -190,10 +191,15 @@ def bc_dataset(table: pa.Table):
     )
 
 
+# Stored generation logprobs of a pair's two completions (search trees), kept for the DPO reference.
+STORED_LOGPROB_COLUMNS = ("chosen_logprob_sum", "rejected_logprob_sum")
+
+
 def dpo_dataset(table: pa.Table):
-    """Conversational preference rows (prompt, chosen, rejected) for TRL's DPOTrainer."""
+    """Conversational preference rows (prompt, chosen, rejected) for TRL's DPOTrainer, with stored logprobs where the view has them."""
     _warn_images(table.column("prompt"))
-    ds = to_dataset(table.select(["prompt", "chosen", "rejected"]))
+    stored = [c for c in STORED_LOGPROB_COLUMNS if c in table.column_names]
+    ds = to_dataset(table.select(["prompt", "chosen", "rejected", *(stored if len(stored) == 2 else [])]))
     return ds.map(
         lambda row: {
             "prompt": prompt_messages(row["prompt"]),

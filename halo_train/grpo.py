@@ -64,7 +64,8 @@ a policy more than K versions older (counted as ``stale_rows``).
 Metrics (train_metrics): loss, reward (mean episode reward of the batch),
 reward_std (mean group std), frac_reward_zero_std, advantage_mean,
 advantage_abs_mean, completion_length, clip_ratio (fraction of importance-weighted
-rows clipped), importance_ratio_mean, frac_rows_off_policy, learning_rate,
+rows clipped), importance_ratio_mean, kl (with ``--beta`` > 0: the mean per-token KL to the base
+model, the adapter disabled, k3 estimator as in TRL; ``beta * kl`` is added to the loss), frac_rows_off_policy, learning_rate,
 grad_norm, tokens_per_second.
 """
 
@@ -88,15 +89,21 @@ SCALE_EPS = 1e-4  # TRL's epsilon when dividing advantages by a std
 # grpo_groups as it is (long form): each member step's episode row carries the view's
 # combined_advantage and the training text; its step row (the anchor state's group) is read for
 # --scale-rewards only. Episode rows come first, sorted as the training rows are.
-MEMBERS_SQL = """
+_MEMBERS_SQL = """
 SELECT
     level, group_key, run_id, task_id, policy_version, episode_id, step_idx,
     CASE WHEN level = 'episode' THEN prompt END AS prompt,
     CASE WHEN level = 'episode' THEN completion END AS completion,
-    logprob_sum, reward, group_std, zero_std, advantage, combined_advantage
-FROM selected
+    logprob_sum, reward, group_std, zero_std, advantage, combined_advantage{columns}
+FROM selected{join}
 ORDER BY level, group_key, episode_id, step_idx
 """
+MEMBERS_SQL = _MEMBERS_SQL.format(columns="", join="")
+# For a vision-language base model: each member's step screenshot too (halo_train.vlm).
+VLM_MEMBERS_SQL = _MEMBERS_SQL.format(
+    columns=", screenshot_hash",
+    join="\nLEFT JOIN (SELECT episode_id, step_idx, screenshot_hash FROM steps) AS shots USING (episode_id, step_idx)",
+)
 
 
 # ---------------------------------------------------------------------------- advantages
@@ -234,27 +241,38 @@ def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max
 
 
 class GRPOCollator:
-    """Right-pads a batch of tokenised members; scalars become float tensors."""
+    """Right-pads a batch of tokenised members (or, with a VLM ``encoder``, tokenises them with their
+    images); scalars become float tensors."""
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, encoder=None):
         self.pad_token_id = pad_token_id
+        self.encoder = encoder
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
+        if self.encoder is not None:
+            return {**self.encoder.collate(self.encoder.encode(rows)), **self.scalars(rows)}
         width = max(len(r["input_ids"]) for r in rows)
         pad = lambda seq, value: list(seq) + [value] * (width - len(seq))  # noqa: E731
-        out = {
+        return {
             "input_ids": torch.tensor([pad(r["input_ids"], self.pad_token_id) for r in rows]),
             "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
             "completion_mask": torch.tensor([pad(r["completion_mask"], 0) for r in rows]),
+            **self.scalars(rows),
+        }
+
+    @staticmethod
+    def scalars(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        return {
             "advantage": torch.tensor([float(r["advantage"]) for r in rows]),
             "behaviour_logprob": torch.tensor([0.0 if r["logprob_sum"] is None else float(r["logprob_sum"]) for r in rows]),
             "has_behaviour_logprob": torch.tensor([r["logprob_sum"] is not None for r in rows]),
             "episode_reward": torch.tensor([float(r["episode_reward"]) for r in rows]),
             "episode_group_std": torch.tensor([float(r["episode_group_std"]) for r in rows]),
         }
-        return out
 
 
 # ---------------------------------------------------------------------------- the loss
@@ -329,13 +347,12 @@ def make_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             import torch
 
-            input_ids = inputs["input_ids"]
-            logits = model(input_ids=input_ids, attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
-            targets = input_ids[:, 1:]
-            token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            from halo_train.vlm import completion_token_logps
+
+            token_logps, completion_mask = completion_token_logps(model, inputs)
             loss, stats = grpo_loss(
                 token_logps,
-                inputs["completion_mask"][:, 1:],
+                completion_mask,
                 inputs["advantage"].float(),
                 inputs["behaviour_logprob"].float(),
                 inputs["has_behaviour_logprob"].bool(),
@@ -344,6 +361,10 @@ def make_trainer_class():
                 epsilon_high=self.grpo.epsilon_high if self.grpo.epsilon_high is not None else self.grpo.epsilon,
                 max_completion_length=self.grpo.max_completion_length,
             )
+            if self.grpo.beta > 0:
+                kl = self._kl_to_reference(model, inputs, token_logps)
+                loss = loss + self.grpo.beta * kl
+                self._metrics["kl"].append(float(kl.detach()))
             for key, value in stats.items():
                 self._metrics[key].append(value)
             adv = inputs["advantage"].float()
@@ -352,6 +373,18 @@ def make_trainer_class():
             self._metrics["advantage_mean"].append(float(adv.mean()))
             self._metrics["advantage_abs_mean"].append(float(adv.abs().mean()))
             return (loss, None) if return_outputs else loss
+
+        def _kl_to_reference(self, model, inputs, token_logps):
+            """Mean per-token KL to the base model (adapter disabled) over completion tokens, k3 estimator (as TRL)."""
+            import torch
+
+            with torch.no_grad(), model.disable_adapter():
+                ref_logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
+            ref_logps = torch.log_softmax(ref_logits, dim=-1).gather(-1, inputs["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+            delta = ref_logps - token_logps
+            per_token = torch.exp(delta) - delta - 1.0
+            mask = inputs["completion_mask"][:, 1:].to(per_token.dtype)
+            return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self._metrics and "loss" in logs:
@@ -366,7 +399,8 @@ def make_trainer_class():
 # ---------------------------------------------------------------------------- the job
 
 
-def _make_dataset(cfg: GRPOConfig, read, tokenizer):
+def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None = None):
+    """Training rows with their advantages; ``vlm`` (the VLM path's stats) keeps prompts untokenised for its collator."""
     rows = read.table.to_pylist()
     summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
     log.info(
@@ -383,18 +417,23 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer):
     encoded = []
     dropped = 0
     for r in summary.members:
+        scalars = {"advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
+                   "episode_reward": r["reward"], "episode_group_std": r["group_std"]}
+        if vlm is not None:  # tokenised with its images when the batch is built
+            encoded.append({"prompt": r["prompt"], "completion": r["completion"], "screenshot_hash": r["screenshot_hash"], **scalars})
+            continue
         enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length)
         if cfg.max_length is not None and len(enc["input_ids"]) > cfg.max_length:
             dropped += 1
             continue
-        encoded.append({**enc, "advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
-                        "episode_reward": r["reward"], "episode_group_std": r["group_std"]})
+        encoded.append({**enc, **scalars})
     if dropped:
         log.warning("dropped %d rows longer than --max-length %d tokens", dropped, cfg.max_length)
     import pyarrow as pa
 
     dataset = to_dataset(pa.Table.from_pylist(encoded)) if encoded else to_dataset(pa.table({"input_ids": pa.array([], pa.list_(pa.int64()))}))
     extra = {
+        **({"vlm": vlm} if vlm is not None else {}),
         "episode_groups": summary.episode_groups,
         "zero_std_groups": summary.zero_std_groups,
         "frac_reward_zero_std": summary.frac_reward_zero_std,
@@ -406,7 +445,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer):
     return dataset, dropped, extra
 
 
-def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, frac_reward_zero_std: float):
+def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, frac_reward_zero_std: float, encoder=None):
     from transformers import TrainingArguments
 
     args = TrainingArguments(**common_training_args(cfg), remove_unused_columns=False)
@@ -417,7 +456,7 @@ def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, f
         model=model,
         args=args,
         train_dataset=dataset,
-        data_collator=GRPOCollator(tokenizer.pad_token_id),
+        data_collator=GRPOCollator(getattr(tokenizer, "tokenizer", tokenizer).pad_token_id, encoder),
         processing_class=tokenizer,
         callbacks=callbacks,
         grpo=cfg,
@@ -429,19 +468,36 @@ def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, f
 def train_grpo(cfg: GRPOConfig) -> TrainResult:
     """Train a LoRA adapter on grpo_groups' stored groups; returns where it is and how to serve it."""
 
+    import pyarrow as pa
+
+    from halo_agent.vlm import is_vlm
+    from halo_train import vlm
+    from halo_train.backends import base_model_path
+
+    vision = is_vlm(base_model_path(cfg.base_model))
+
     def make_dataset(cfg_, read, tokenizer):
-        dataset, dropped, extra = _make_dataset(cfg_, read, tokenizer)
+        dataset, dropped, extra = _make_dataset(cfg_, read, tokenizer, vlm=state.get("vlm"))
+        if vision:
+            state["encoder"], rows, dropped = vlm.batch_encoder(
+                cfg_, read, tokenizer, dataset.to_list(), state["vlm"], max_completion_length=cfg_.max_completion_length)
+            dataset = dataset.select(range(0)) if not rows else to_dataset(pa.Table.from_pylist(rows))
         state["extra"] = extra
         return dataset, dropped, extra
 
     def make_trainer(cfg_, model, tokenizer, dataset, callbacks):
-        return _make_trainer(cfg_, model, tokenizer, dataset, callbacks, state["extra"]["frac_reward_zero_std"])
+        return _make_trainer(cfg_, model, tokenizer, dataset, callbacks, state["extra"]["frac_reward_zero_std"], state.get("encoder"))
+
+    def on_load(model, tokenizer):
+        if vision:
+            state["vlm"] = vlm.vlm_stats(model, tokenizer)
 
     state: dict[str, Any] = {}
     spec = JobSpec(
         make_dataset=make_dataset,
         make_trainer=make_trainer,
         start_version=lambda cfg_, read: state["extra"]["start_policy_version"],
-        sql=MEMBERS_SQL,
+        sql=VLM_MEMBERS_SQL if vision else MEMBERS_SQL,
+        on_load=on_load,
     )
     return run_job(cfg, spec)

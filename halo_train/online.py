@@ -13,8 +13,9 @@ version that sampled it, never of a version that failed to load.
 
 Each iteration k (one rollout run ``RUN-k{k}`` per iteration, so an iteration's rows are one run):
 
-1. sample ``--group-size`` attempts of every task on train task seed ``--train-seed-start + k``
-   with the served version (stored with their sampled-token logprobs);
+1. sample ``--group-size`` attempts of every task on ``--seeds-per-iteration`` N train task seeds
+   ``--train-seed-start + k * N ...`` with the served version (stored with their sampled-token
+   logprobs; with ``--constrain-actions`` each answer is one of the page's actions);
 2. update with ``train_grpo`` reading only this run's rows of the served version from
    ``grpo_groups`` (dr_grpo by default, importance ratio against the stored logprobs), starting
    from the newest trained adapter (``--max-staleness`` bounds how far behind the served one may be);
@@ -63,66 +64,89 @@ class OnlineError(TrainConfigError):
 
 
 @dataclasses.dataclass
-class OnlineConfig:
+class ServedLoopConfig:
+    """What every loop over a served policy shares (online-grpo, mcts): the model, the engine, the tasks, the lake."""
+
     base_model: str = _field("", "Base model folder (or hub id) the engine serves and the updates train on.")
-    output_dir: str = _field("out/online", "Where policy-{v} adapter folders go.")
     env: str = _field("miniwob", "Environment (miniwob).")
     tasks: list = _field(["click-button"], "Tasks to train on, comma-separated.")
     iterations: int = _field(2, "Iterations (sample, update, reload) in all, counting those a resumed run already did.")
-    group_size: int = _field(8, "Attempts per task and task seed: one GRPO group.")
-    max_episode_steps: int = _field(5, "Steps per episode.")
-    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
     engine_url: str | None = _field(None, "An OpenAI-compatible engine already running (vLLM with runtime LoRA, or HALO's chat server).")
     engine_wait: float = _field(60.0, "Seconds to wait for the engine to answer at the start.")
     serve: bool = _field(False, "Start HALO's chat server (CPU) on 127.0.0.1 for the run and stop it at the end.")
-    group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
-    loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
-    beta: float = _field(0.0, "KL coefficient against the base model; 0 (no KL) is the only value the GRPO trainer takes today.")
-    max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
     train_steps: int = _field(2, "Optimizer steps per update.")
-    lr: float = _field(1e-5, "Learning rate of each update.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per optimizer step.")
     temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
     max_tokens: int = _field(64, "Most tokens an action may take.")
-    train_seed_start: int = _field(0, "Iteration k trains on task seed train_seed_start + k.")
+    coordinate_scale: float | None = _field(
+        None, "A vision-language base model's coordinate grid (1000 for Qwen3-VL's 0..1000); pixels by default."
+    )
+    train_seed_start: int = _field(0, "First train task seed: iteration k trains on train_seed_start + k * N ... (online-grpo, N = --seeds-per-iteration), + k * task_seeds on (mcts).")
+    seed: int = _field(0, "Seed of sampling and training.")
+    lake: str = _field("lake", "Lake root.")
+    progress: bool = _field(True, "Show progress bars.")
+
+    def check_served_loop(self, error: type[Exception]) -> None:
+        """The shared checks; ``error`` carries the line that says what to change."""
+        if isinstance(self.tasks, str):
+            self.tasks = [t.strip() for t in self.tasks.split(",") if t.strip()]
+        if not self.base_model:
+            raise error("give --base-model (a local model folder or a hub id)")
+        if not self.tasks:
+            raise error("give --tasks, e.g. --tasks click-button")
+        if bool(self.engine_url) == bool(self.serve):
+            raise error("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
+        if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
+            raise error(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
+        for name in ("iterations", "train_steps", "max_tokens", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class OnlineConfig(ServedLoopConfig):
+    output_dir: str = _field("out/online", "Where policy-{v} adapter folders go.")
+    group_size: int = _field(8, "Attempts per task and task seed: one GRPO group.")
+    max_episode_steps: int = _field(5, "Steps per episode.")
+    seeds_per_iteration: int = _field(1, "Train task seeds per iteration (a group each): iteration k samples seeds train_seed_start + k * N ... + N - 1.")
+    observation: str = _field("axtree", "The page in the prompt: axtree (the whole tree) | elements (only the elements a policy may act on).", choices=("axtree", "elements"))
+    reward_config: str | None = _field(None, "Reward rules and weights YAML for the rollouts (default: halo_agent/configs/rewards.yaml; rewards-success.yaml pays for success only).")
+    constrain_actions: bool = _field(False, "Constrain decoding to the page's actions (vLLM's structured-output choice; the chat server the same): every answer parses.")
+    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
+    group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
+    loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
+    beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
+    max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
+    lr: float = _field(1e-5, "Learning rate of each update.")
     eval_every: int = _field(0, "Evaluate the served version on held-out task seeds every N iterations (0: never).")
     eval_tasks: list = _field([], "Tasks to evaluate (default: --tasks).")
     eval_seeds: int = _field(2, "Held-out task seeds: eval_seed_start ... eval_seed_start + eval_seeds - 1.")
     eval_seed_start: int = _field(100_000, "First held-out task seed; must lie past every train seed.")
     eval_attempts: int = _field(2, "Attempts per held-out task seed.")
-    seed: int = _field(0, "Seed of sampling and training.")
-    lake: str = _field("lake", "Lake root.")
     run_id: str | None = _field(None, "Run id of the online run (default: online-<UTC time>; --resume reads it from OUTPUT).")
     resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
-    progress: bool = _field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
-        if isinstance(self.tasks, str):
-            self.tasks = [t.strip() for t in self.tasks.split(",") if t.strip()]
+        self.check_served_loop(OnlineError)
         if isinstance(self.eval_tasks, str):
             self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()]
         self.eval_tasks = list(self.eval_tasks) or list(self.tasks)
-        if not self.base_model:
-            raise OnlineError("give --base-model (a local model folder or a hub id)")
-        if not self.tasks:
-            raise OnlineError("give --tasks, e.g. --tasks click-button")
-        if bool(self.engine_url) == bool(self.serve):
-            raise OnlineError("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
-        if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
-            raise OnlineError(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
         if self.group_by not in GROUP_BY:
             raise OnlineError(f"--group-by {self.group_by} is not built yet: use --group-by episode")
-        if self.beta != 0 and "beta" not in {f.name for f in dataclasses.fields(GRPOConfig)}:
-            raise OnlineError("--beta (a KL term) is not supported by the GRPO trainer yet: leave it at 0")
-        for name in ("iterations", "group_size", "max_episode_steps", "train_steps", "eval_seeds", "eval_attempts", "max_tokens"):
+        if self.beta < 0:
+            raise OnlineError(f"--beta must be 0 (no KL) or positive, got {self.beta}")
+        for name in ("group_size", "seeds_per_iteration", "max_episode_steps", "eval_seeds", "eval_attempts"):
             if int(getattr(self, name)) < 1:
                 raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise OnlineError("--group-size must be at least 2: a group of one has no spread to learn from")
         if self.eval_every < 0 or self.max_staleness < 0:
             raise OnlineError("--eval-every and --max-staleness must be 0 or more")
-        train_seeds = range(self.train_seed_start, self.train_seed_start + self.iterations)
+        train_seeds = range(self.train_seed_start, self.train_seed_start + self.iterations * self.seeds_per_iteration)
         eval_seeds = range(self.eval_seed_start, self.eval_seed_start + self.eval_seeds)
         if max(train_seeds.start, eval_seeds.start) < min(train_seeds.stop, eval_seeds.stop):
             raise OnlineError(
@@ -131,9 +155,6 @@ class OnlineConfig:
             )
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -164,40 +185,30 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     lake = Lake.init(cfg.lake)
     run_id = _run_id(cfg, out)
     record, iterations = _start_record(cfg, lake, run_id)
-    status = "failed"
-    try:
-        with open_engine(cfg, out) as (engine, base_name):
-            served = _serve_start(engine, cfg, iterations)
-            trained = _latest_adapter(cfg, iterations)
-            for k in range(len(iterations), cfg.iterations):
-                it = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
-                served, trained = it.pop("_served"), it.pop("_trained")
-                iterations.append(it)
-                record = record.replace(adapter=served.name, policy_version=str(served.version),
-                                        config={**cfg.to_dict(), "iterations": iterations}, lineage=it.get("lineage") or record.lineage)
-                upsert_runs(lake, [record])
-                _write_metrics(lake, run_id, k, it["metrics"])
-                echo(_describe(it))
-        status = "finished"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        upsert_runs(lake, [record.replace(status=status, ended_at=utc_now())])
+    with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
+        served = _serve_start(engine, cfg, iterations)
+        trained = _latest_adapter(cfg, iterations)
+        for k in range(len(iterations), cfg.iterations):
+            it = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
+            served, trained = it.pop("_served"), it.pop("_trained")
+            record = record_iteration(lake, record, cfg, iterations, it, served)
+            echo(_describe(it))
     return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
 
 
 def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained: Served) -> dict[str, Any]:
     """One iteration: sample with ``served``, update ``trained``, save, reload; its record."""
-    rollout = _rollout(cfg, engine, base_name, served, f"{run_id}-k{k}", cfg.train_seed_start + k, cfg.group_size, "rollout")
-    stats = _run_stats(lake, rollout.run_id)
+    first_seed = cfg.train_seed_start + k * cfg.seeds_per_iteration
+    rollout = _rollout(cfg, engine, base_name, served, f"{run_id}-k{k}", first_seed, cfg.group_size, "rollout",
+                       task_seeds=cfg.seeds_per_iteration)
+    stats = _run_stats(lake, rollout.run_id, _view_weights(cfg))
     metrics: dict[str, float] = {
         "policy_version": served.version, "rewards/mean": stats["reward_mean"], "rewards/std": stats["reward_std"],
         "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
         "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
     }
     it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": served.name or base_name,
-                          "sampled_version": served.version, "task_seed": cfg.train_seed_start + k}
+                          "sampled_version": served.version, "task_seed": first_seed, "task_seeds": cfg.seeds_per_iteration}
     update = _update(cfg, lake, rollout.run_id, served, trained, run_id) if stats["n_trainable_groups"] else None
     it["_trained"], it["_served"] = trained, served
     if update is None:
@@ -227,7 +238,7 @@ def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained:
 
 
 def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: str, task_seed: int, attempts: int,
-             kind: str, tasks: list[str] | None = None, policy: str = "openai"):
+             kind: str, tasks: list[str] | None = None, policy: str = "openai", task_seeds: int = 1):
     """One rollout (or eval) run of the served version into the lake, resumed where it already exists."""
     from halo_agent.rollout import RolloutConfig, run_rollouts
 
@@ -235,14 +246,25 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     # The served version through the engine; any other policy (the random baseline) needs none of it.
     through_engine = dict(
         model=base_name, adapter=served.name, policy_version=str(served.version),
-        policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens},
+        policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens, "constrain_actions": cfg.constrain_actions,
+                        **screenshot_options(cfg)},
     ) if policy == "openai" else {}
     return run_rollouts(RolloutConfig(
         env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
-        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, max_steps=cfg.max_episode_steps,
+        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=task_seeds, max_steps=cfg.max_episode_steps,
+        observation=cfg.observation, reward_config=cfg.reward_config,
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
         progress=cfg.progress, command="halo-train online-grpo",
     ))
+
+
+def screenshot_options(cfg: OnlineConfig) -> dict[str, Any]:
+    """A vision-language base model is sampled in screenshot mode (its steps' prompts carry the image)."""
+    from halo_agent.vlm import is_vlm
+
+    if not is_vlm(cfg.base_model):
+        return {}
+    return {"use_screenshot": True, **({"coordinate_scale": cfg.coordinate_scale} if cfg.coordinate_scale else {})}
 
 
 def evaluate(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: str, policy: str = "openai") -> float:
@@ -260,10 +282,19 @@ def evaluate(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     return float(row or 0.0)
 
 
-def _run_stats(lake: Lake, run_id: str) -> dict[str, float]:
+def _view_weights(cfg: OnlineConfig) -> dict[str, float]:
+    """The reward config's weights as view parameters: the views re-weight the stored components with them."""
+    if not cfg.reward_config:
+        return {}
+    from halo_agent.rewards import RewardConfig
+
+    return {f"w_{k}": v for k, v in RewardConfig.load(cfg.reward_config).weights.as_dict().items()}
+
+
+def _run_stats(lake: Lake, run_id: str, weights: dict[str, float]) -> dict[str, float]:
     rows = lake.query_arrow(
         "select reward_mean, reward_std, frac_reward_zero_std, n_trainable_groups, success_rate "
-        "from reward_stats where scope = 'run' and run_id = $r", {"r": run_id}
+        "from reward_stats where scope = 'run' and run_id = $r", {"r": run_id}, params=weights,
     ).to_pylist()
     if not rows:
         raise OnlineError(f"rollout run {run_id} wrote no episodes without errors: check the engine and the tasks")
@@ -289,7 +320,8 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
                 run_id=f"{run_id}-u{version}", where=f"run_id = '{rollout_run}' and policy_version = '{served.version}'",
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
-                **({"beta": cfg.beta} if cfg.beta else {}),
+                params=_view_weights(cfg),
+                beta=cfg.beta,
             ))
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
             log.info("no update: %s", e)
@@ -308,8 +340,32 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
     return {
         "adapter": final.resolve(), "run_id": stats["run_id"], "lineage": stats.get("lineage"),
         "metrics": {"update_seconds": stats.get("update_seconds"),
-                    **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean") if m in trainer_metrics}},
+                    **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean", "kl") if m in trainer_metrics}},
     }
+
+
+@contextlib.contextmanager
+def marks_status(lake: Lake, latest: Callable[[], RunRecord]) -> Iterator[None]:
+    """The run's row (``latest()``, as it stands when the body ends) ends finished, interrupted (Ctrl-C) or failed."""
+    status = "failed"
+    try:
+        yield
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        upsert_runs(lake, [latest().replace(status=status, ended_at=utc_now())])
+
+
+def record_iteration(lake: Lake, record: RunRecord, cfg, iterations: list[dict[str, Any]], it: dict[str, Any], served: Served) -> RunRecord:
+    """Add iteration ``it`` to the run's ``runs`` row (with the version served after it) and its metrics to ``train_metrics``."""
+    iterations.append(it)
+    record = record.replace(adapter=served.name, policy_version=str(served.version),
+                            config={**cfg.to_dict(), "iterations": iterations}, lineage=it.get("lineage") or record.lineage)
+    upsert_runs(lake, [record])
+    _write_metrics(lake, record.run_id, it["iteration"], it["metrics"])
+    return record
 
 
 def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]) -> None:
@@ -348,10 +404,12 @@ def open_engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
 @contextlib.contextmanager
 def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
     """HALO's chat server on 127.0.0.1 (a free port) in a child process; yields its URL, stops it after."""
+    from halo_train.serve import chat_server_command
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as errors:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "halo_agent.chat_server", "--model", str(base_model), "--port", "0", "--device", "cpu"],
+            chat_server_command(base_model, {}, 0),
             stdout=subprocess.PIPE, stderr=errors, text=True,
         )
     try:

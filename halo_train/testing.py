@@ -131,3 +131,16 @@ def fixture_prompts(n_tasks: int = 3) -> Sequence[str]:
         )
         for t in range(n_tasks)
     ]
+
+
+def warm_tiny_model(root, tasks: Sequence[str], rollouts_per_task: int = 6, max_steps: int = 3, steps: int = 30) -> str:
+    """A tiny model fine-tuned on random-policy MiniWoB++ steps of ``tasks``, so its answers parse as actions."""
+    from pathlib import Path
+
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_train.tiny_model import build_tiny_model
+
+    root = Path(root)
+    run_rollouts(RolloutConfig(env="miniwob", tasks=list(tasks), rollouts_per_task=rollouts_per_task, policy="random",
+                               max_steps=max_steps, lake=str(root / "warm"), run_id="warm", progress=False))
+    return str(build_tiny_model(root / "tiny", warmup_lake=root / "warm", steps=steps))

@@ -47,11 +47,16 @@ CHAT_TEMPLATE = (
 )
 
 _ROLES = ("button", "link", "textbox", "checkbox", "combobox", "heading", "StaticText", "RootWebArea", "option", "menuitem")
+# Words MiniWoB pages show on buttons and tabs: a larger vocabulary makes each one token.
+_UI_WORDS = ("submit", "okay", "ok", "yes", "no", "cancel", "next", "previous", "Ok", "Okay", "Cancel", "Tab", "tab", "link")
 _WORDS = ("Submit", "Cancel", "Search", "Home", "Next", "Previous", "Login", "Email", "Password", "Name", "OK", "Yes", "No")
 
 
-def _corpus() -> Iterator[str]:
-    """Text the tokenizer should compress well: the renderer's prompts and action strings."""
+def _corpus(ui_words: bool = False) -> Iterator[str]:
+    """Text the tokenizer should compress well: the renderer's prompts and action strings (and page words)."""
+    if ui_words:
+        for k in range(40):
+            yield "\n".join(f'[{k + j}] button \'{w}\' Click on the "{w}" button. Tab #{j % 4}' for j, w in enumerate(_UI_WORDS))
     yield prompts.SYSTEM_PROMPT
     yield prompts.SYSTEM_PROMPT_SCREENSHOT
     for i in range(300):
@@ -73,7 +78,9 @@ def _corpus() -> Iterator[str]:
             yield f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n"
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+def build_tokenizer(
+    vocab_size: int = VOCAB_SIZE, special_tokens: tuple[str, ...] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE
+):
     """A byte-level BPE tokenizer with Qwen's special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -83,11 +90,11 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus(ui_words=vocab_size > VOCAB_SIZE), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -95,21 +102,21 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
         model_max_length=8192,
         padding_side="right",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 
-def build_model(tokenizer, seed: int = 0):
-    """A randomly initialised Qwen2ForCausalLM sized for seconds-long CPU training."""
+def build_model(tokenizer, seed: int = 0, hidden_size: int = 64, layers: int = 2):
+    """A randomly initialised Qwen2ForCausalLM sized for seconds-long CPU training (by default)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=8192,
@@ -133,15 +140,25 @@ def build_tiny_model(
     lr: float = 3e-3,
     where: str | None = None,
     batch_size: int = 8,
+    hidden_size: int = 64,
+    layers: int = 2,
+    vocab_size: int = VOCAB_SIZE,
+    top_percent: float | None = None,
 ) -> Path:
-    """Write a tiny model + tokenizer to ``out_dir``; with ``warmup_lake``, first fine-tune it on bc_rows for ``steps``."""
+    """Write a tiny model + tokenizer to ``out_dir``; with ``warmup_lake``, first fine-tune it on bc_rows for ``steps``.
+
+    ``top_percent`` is bc_rows' cut of the progress ranking (the view's default when None); 100 takes
+    every valid step, whatever its episode's outcome: a warm start on the action format only.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed)
+    tokenizer = build_tokenizer(vocab_size)
+    model = build_model(tokenizer, seed=seed, hidden_size=hidden_size, layers=layers)
     warmup: dict = {"steps": 0}
     if warmup_lake is not None:
-        warmup = _warm_up(model, tokenizer, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where, batch_size=batch_size)
+        view_params = {} if top_percent is None else {"top_percent": float(top_percent)}
+        warmup = _warm_up(model, tokenizer, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where,
+                          batch_size=batch_size, view_params=view_params)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     model.generation_config.save_pretrained(out)
@@ -152,7 +169,8 @@ def build_tiny_model(
     return out
 
 
-def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, where: str | None, batch_size: int) -> dict:
+def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, where: str | None, batch_size: int,
+             view_params: dict) -> dict:
     """Full fine-tuning on bc_rows, so the model's outputs already look like actions."""
     import tempfile
 
@@ -162,7 +180,7 @@ def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, wher
     from halo_train.trainer_utils import activation_checkpointing, quiet_hub, show_progress
 
     quiet_hub()
-    read = read_view(lake, "bc_rows", where=where, job_type="bc")
+    read = read_view(lake, "bc_rows", where=where, view_params=view_params, job_type="bc")
     if read.table.num_rows == 0:
         raise EmptyViewError(f"{EMPTY_VIEW_HINTS['bc_rows']}; lake: {lake}")
     dataset = bc_dataset(read.table)
@@ -190,4 +208,4 @@ def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, wher
         result = trainer.train()
     model.cpu()
     return {"steps": steps, "batch_size": batch_size, "rows": len(dataset), "final_loss": float(result.training_loss),
-            "lineage": read.lineage}
+            "lineage": read.lineage, "where": where, "view_params": view_params}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 STATS_FILE = "training_stats.json"
 FINAL_DIR = "final"
 # halo-agent eval modes (halo_agent/configs/modes.yaml) that request an adapter by its served name.
-EVAL_MODES = {"qwen_worker_bc", "qwen_worker_dpo"}
+EVAL_MODES = {"qwen_worker_bc", "qwen_worker_dpo", "qwen3vl_bc", "qwen3vl_dpo", "qwen3vl_grpo"}
 
 
 def quiet_hub() -> None:
@@ -81,11 +82,18 @@ def serve_command(base_model: str, adapter_name: str, adapter_dir: Path, lora_r:
 def eval_command(job_type: str, adapter_name: str) -> str:
     from halo_data.cli_support import script_command
 
-    if adapter_name in EVAL_MODES:
+    if job_type == "ppo":  # the os environment's mode for a served PPO adapter (modes.yaml: os_ppo)
+        command = script_command("halo-agent", "eval", "--env", "os", "--modes", "os_ppo")
+    elif adapter_name in EVAL_MODES:
         command = script_command("halo-agent", "eval", "--modes", adapter_name)
     else:
         command = script_command("halo-agent", "rollout", "--policy", "openai", "--model", adapter_name)
     return f"HALO_VLLM_URL=http://localhost:8000/v1 {command}"
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a distributed launch (accelerate, torchrun, deepspeed set RANK), or a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def use_bf16() -> bool:
@@ -195,6 +203,8 @@ class JobSpec:
     start_version: Callable[[TrainConfig, Any], int] = lambda cfg, read: 0
     # SQL over the CTE `selected` (the filtered view); None reads the view's rows as they are
     sql: str | None = None
+    # (model, tokenizer or processor) -> None, called once the base model is loaded
+    on_load: Callable[[Any, Any], None] | None = None
 
 
 def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
@@ -217,6 +227,8 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
     lake = Lake.open(cfg.lake)
     loaded = backends.load_for_training(cfg)
     model, tokenizer = loaded.model, loaded.tokenizer
+    if spec.on_load is not None:
+        spec.on_load(model, tokenizer)
     dataset, dropped, extra = spec.make_dataset(cfg, read, tokenizer)
     if len(dataset) == 0:
         raise TrainConfigError(
@@ -261,8 +273,11 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
         source_view=read.source, lineage=read.lineage, output_dir=str(output_dir.resolve()),
         started_at=started_at, adapter=cfg.adapter_name, command=command,
     )
-    record_run(lake, status="running", policy_version=None, **run_fields)
-    trainer = spec.make_trainer(cfg, model, tokenizer, dataset, [metrics_cb, stats_cb])
+    # Under `accelerate launch` every process runs this job; rank 0 alone writes the lake and the folders.
+    main = is_main_process()
+    record = functools.partial(record_run, lake, **run_fields) if main else (lambda **fields: None)
+    record(status="running", policy_version=None)
+    trainer = spec.make_trainer(cfg, model, tokenizer, dataset, [metrics_cb, stats_cb] if main else [])
     show_progress(trainer, cfg.job_type)
     status = "failed"
     try:
@@ -276,13 +291,13 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
         state = trainer.state
         policy_version = str(start_version + state.global_step)
         if status != "finished":
-            record_run(lake, status=status, ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version, **run_fields)
+            record(status=status, ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version)
     final = output_dir / FINAL_DIR
-    trainer.model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    stats = describe(state)
-    (final / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
-    record_run(lake, status="finished", ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version, **run_fields)
+    if main:
+        trainer.model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        (final / STATS_FILE).write_text(json.dumps(describe(state), indent=2, default=str))
+    record(status="finished", ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version)
     result = TrainResult(
         run_id=run_id,
         job_type=cfg.job_type,

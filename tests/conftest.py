@@ -38,6 +38,30 @@ def synthetic_lake(tmp_path):
     return build_synthetic_lake(str(tmp_path / "synthetic-lake"), spec)
 
 
+@pytest.fixture(scope="session")
+def tiny_lora_models(tmp_path_factory):
+    """A tiny base model and two LoRA adapters with random (non-zero) weights, so each changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from halo_train.tiny_model import build_tiny_model
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("serving")
+    base = build_tiny_model(root / "base")
+    adapters = {}
+    for i, name in enumerate(("policy-1", "policy-2")):
+        torch.manual_seed(100 + i)
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(base),
+            LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        )
+        model.save_pretrained(root / name)
+        adapters[name] = str(root / name)
+    return str(base), adapters
+
+
 @pytest.fixture
 def race_processes():
     """Start ``n`` spawned processes ``target(root, index, start_event)``, release them at once, wait.

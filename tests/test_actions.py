@@ -210,3 +210,49 @@ def test_png_size():
     Image.new("RGB", (33, 17)).save(buffer, format="PNG")
     assert png_size(buffer.getvalue()) == (33, 17)
     assert png_size(b"not a png") is None
+
+
+@pytest.mark.parametrize("output, grid_action, pixels", [
+    ('{"action": "left_click", "coordinate": [500, 250]}', "mouse_click(500, 250)", "mouse_click(250, 80)"),
+    ('<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [500, 250]}}</tool_call>',
+     "mouse_click(500, 250)", "mouse_click(250, 80)"),
+    ('{"action": "right_click", "coordinate": [10, 20]}', "mouse_click(10, 20, 'right')", "mouse_click(5, 6, 'right')"),
+    ('{"action": "double_click", "coordinate": [100, 1000]}', "mouse_dblclick(100, 1000)", "mouse_dblclick(50, 320)"),
+    ('{"action": "mouse_move", "coordinate": [0, 0]}', "mouse_move(0, 0)", "mouse_move(0, 0)"),
+    ('{"action": "scroll", "coordinate": [500, 500], "pixels": -300}', "scroll(0, 300)", "scroll(0, 300)"),
+    ('{"action": "key", "keys": ["Control", "a"]}', "keyboard_press('Control+a')", "keyboard_press('Control+a')"),
+    ('{"action": "double_click", "bid": "12"}', "dblclick('12')", "dblclick('12')"),
+])
+def test_qwen3_vl_computer_use_actions(output, grid_action, pixels):
+    """Qwen3-VL answers on a 0..1000 grid; validated there, then rescaled to the 500x320 viewport."""
+    action, error = parse_action(output, allow_coordinates=True, viewport=(1000, 1000))
+    assert (action, error) == (grid_action, None)
+    assert rescale_coordinates(action, 1000, (500, 320)) == pixels
+
+
+def test_a_computer_use_click_off_the_grid_is_a_parse_error():
+    action, error = parse_action('{"action": "left_click", "coordinate": [1200, 40]}', allow_coordinates=True, viewport=(1000, 1000))
+    assert action is None and "outside the 1000x1000 viewport" in error
+
+
+def test_page_actions_are_the_closed_list_a_constrained_policy_chooses_from():
+    from halo_agent.actions import page_actions
+
+    elements = [Element("12", "button", "OK", "click"), Element("14", "textbox", "To", "fill"),
+                Element("16", "combobox", "Size", "select", ("S", "M")), Element("12", "button", "OK", "click")]
+    assert page_actions(elements) == ["click('12')", "click('14')", "select_option('16', 'S')", "select_option('16', 'M')"]
+    assert page_actions([]) == ["noop()"]
+    assert all(parse_action(a, elements=elements)[0] == a for a in page_actions(elements))
+
+
+def test_a_rollout_plans_every_task_seed_it_is_given():
+    from halo_agent.rollout.config import RolloutConfig, RolloutError
+    from halo_agent.rollout.tasks import plan_episodes
+    from halo_agent.envs.base import TaskSpec
+
+    task = TaskSpec(task_id="miniwob.click-tab", env="miniwob", site="miniwob")
+    specs = plan_episodes(RolloutConfig(tasks=["click-tab"], task_seed=5, task_seeds=3, rollouts_per_task=2), "r", [task])
+    assert [(s.task_seed, s.attempt_idx) for s in specs] == [(5, 0), (5, 1), (6, 0), (6, 1), (7, 0), (7, 1)]
+    assert len({s.episode_id for s in specs}) == 6
+    with pytest.raises(RolloutError, match="--task-seeds must be at least 1"):
+        RolloutConfig(tasks=["click-tab"], task_seeds=0)

@@ -220,8 +220,8 @@ def test_commands_that_add_data_create_a_missing_lake(tmp_path):
     assert ok("select count(*) as n from steps", "--lake", str(root), "--nl") == '{"n": 1}\n'
 
 
-EXPECTED_VIEWS = ["screenshots", "step_rewards", "episodes", "episode_summary", "progress_ranking", "bc_rows",
-                  "dpo_pairs", "grpo_groups", "reward_stats", "eval_matrix"]
+EXPECTED_VIEWS = ["screenshots", "step_rewards", "episodes", "episode_summary", "progress_ranking", "bc_rows", "mcts_pairs",
+                  "dpo_pairs", "grpo_groups", "reward_stats", "eval_matrix", "verified_actions", "episode_costs"]
 
 
 def test_views_lists_every_view_with_its_description():

@@ -464,3 +464,18 @@ def test_online_run_against_policy_version_warns_when_learning_stalls(monkeypatc
     # One per-step curve (the default metric, frac_reward_zero_std) and two per-version charts (held-out success, zero-std).
     assert at.multiselect(key="training_metrics").value == ["frac_reward_zero_std"]
     assert len(at.get("vega_lite_chart")) == 3
+
+
+def test_overview_shows_cost_per_mode(monkeypatch, tmp_path):
+    from test_verified_actions import cost_episodes
+    from test_views import build
+
+    build(tmp_path / "lake", cost_episodes())
+    at = open_app(monkeypatch, tmp_path / "lake")
+    assert "Cost per mode" in texts(at)
+    cost = at.dataframe[2].value.set_index("mode")
+    assert cost.loc["hier", "model_calls_per_episode"] == 2.0 and cost.loc["hier", "tokens_in_per_episode"] == 165.0
+    assert cost.loc["hier", "cost_usd_per_episode"] == pytest.approx(0.000385)
+    assert (cost.loc["hier", "manager_call_rate"], cost.loc["hier", "cache_hit_rate"]) == (0.5, 0.25)
+    per_model = at.dataframe[3].value.set_index("model")
+    assert per_model.loc["gpt-4o", "role"] == "manager" and per_model.loc["gpt-4o", "tokens_in"] == 220

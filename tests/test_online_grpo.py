@@ -23,13 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     """A tiny model warmed up on random-policy steps, so its answers parse as actions and groups have spread."""
-    from halo_agent.rollout import RolloutConfig, run_rollouts
-    from halo_train.tiny_model import build_tiny_model
+    from halo_train.testing import warm_tiny_model
 
-    root = tmp_path_factory.mktemp("online")
-    run_rollouts(RolloutConfig(env="miniwob", tasks=TASKS, rollouts_per_task=6, policy="random", max_steps=3,
-                               lake=str(root / "warm"), run_id="warm", progress=False))
-    return str(build_tiny_model(root / "tiny", warmup_lake=root / "warm", steps=30))
+    return warm_tiny_model(tmp_path_factory.mktemp("online"), TASKS)
 
 
 def online_config(tiny: str, tmp_path: Path, **overrides):
@@ -171,6 +167,8 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     (["--engine-url", "http://127.0.0.1:9/v1", "--engine-wait", "0"], "Error: no engine answered at http://127.0.0.1:9/v1 within 0 s"),
     (["--serve", "--base-model", "/nonexistent/model"], "Error: base model folder /nonexistent/model does not exist"),
     (["--serve", "--eval-seed-start", "1", "--iterations", "3"], "Error: train task seeds 0..2 overlap held-out seeds 1..2"),
+    (["--serve", "--eval-seed-start", "5", "--iterations", "3", "--seeds-per-iteration", "2"],
+     "Error: train task seeds 0..5 overlap held-out seeds 5..6"),
     (["--serve", "--group-by", "state"], "Error: Invalid value for '--group-by'"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
@@ -193,3 +191,32 @@ def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_pa
     with pytest.raises(OnlineError, match="already holds policy-\\* adapters of another run: pass --resume"):
         run_online(online_config(tiny, tmp_path, serve=True))
     assert not (tmp_path / "lake").exists() or not query(str(tmp_path / "lake"), "select * from runs")
+
+
+def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from halo_train.grpo import completion_logprobs
+    from halo_train.online import run_online
+
+    cfg = online_config(tiny, tmp_path, serve=True, iterations=1, tasks=["click-button"], group_size=2,
+                        seeds_per_iteration=2, constrain_actions=True, observation="elements",
+                        reward_config=str(REPO / "halo_agent" / "configs" / "rewards-success.yaml"))
+    summary = run_online(cfg, echo=lambda line: None)
+
+    steps = query(cfg.lake, "select task_seed, parse_error, action, model_output, prompt, prompt_version, logprob_sum "
+                            "from steps order by episode_id, step_idx")
+    assert {s["task_seed"] for s in steps} == {0, 1}  # two train task seeds in the iteration, a group each
+    assert all(s["parse_error"] is None and s["action"] == s["model_output"] for s in steps)
+    assert {s["prompt_version"] for s in steps} == {"halo-prompt-v1-elements"}
+    page = json.loads(steps[0]["prompt"])[1]["content"].split("Page:\n", 1)[1].rsplit("\nNext action:", 1)[0]
+    assert page and all(line.startswith("[") and line.endswith("'") for line in page.splitlines())
+    # Success-only weights, in the rollout's rewards and in the views the iteration's figures come from.
+    weights = query(cfg.lake, "select distinct reward_weights from steps")
+    assert [json.loads(w["reward_weights"])["progress"] for w in weights] == [0.0]
+    successes = query(cfg.lake, "select avg(success::double) s from episodes")[0]["s"]
+    assert summary.iterations[0]["metrics"]["rewards/mean"] <= successes + 1e-9  # success, less loop penalties
+    # The stored behaviour logprob is what the trainer computes for the same completion (+ EOS) under v0.
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    for s in steps[:3]:
+        assert s["logprob_sum"] == pytest.approx(completion_logprobs(model, tokenizer, s["prompt"], s["model_output"]), abs=1e-3)

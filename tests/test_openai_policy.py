@@ -71,11 +71,11 @@ def _observation(messages=None, screenshot: bytes | None = None, step_idx: int =
     )
 
 
-def _teach(model, tokenizer, answer: str, steps: int = 60, lr: float = 5e-3) -> float:
-    """A few steps of supervised fine-tuning so greedy decoding answers ``answer`` on the test prompts."""
+def _teach(model, tokenizer, answer: str, steps: int = 60, lr: float = 5e-3, prompts=None) -> float:
+    """A few steps of supervised fine-tuning so greedy decoding answers ``answer`` on the test prompts (or ``prompts``)."""
     sequences = []
     target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    for messages in (TEXT_MESSAGES, IMAGE_MESSAGES):
+    for messages in prompts or (TEXT_MESSAGES, IMAGE_MESSAGES):
         prompt_ids, _ = chat_prompt_ids(tokenizer, messages)
         sequences.append((torch.tensor([prompt_ids + target]), torch.tensor([[-100] * len(prompt_ids) + target])))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -388,3 +388,71 @@ def test_hf_policy_with_adapter_and_seeded_sampling(tiny_models):
     sampler.act(_observation())
     assert [s.model_output for s in sampler.last_samples] == first and len(first) == 3
     assert len(set(first)) > 1
+
+
+# ----------------------------------------------------------------------------- decoding constrained to the page's actions
+
+CHOICES = ["click('12')", "click('13')", "click('14')"]
+
+
+def _post(server, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(server.url + "/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["error"]
+
+
+def test_guided_choice_answers_only_allowed_choices_with_the_trainers_logprobs(server):
+    from halo_data import prompts
+    from halo_train.grpo import completion_logprobs
+
+    body = {"model": "tiny", "messages": TEXT_MESSAGES, "n": 12, "temperature": 2.0, "logprobs": True, "seed": 1,
+            "structured_outputs": {"choice": CHOICES}}
+    status, answer = _post(server, body)
+    assert status == 200
+    texts = [c["message"]["content"] for c in answer["choices"]]
+    assert set(texts) <= set(CHOICES)
+    engine = server.engine
+    with engine.model.disable_adapter():  # "tiny" is the base model
+        expected = {c: completion_logprobs(engine.model, engine.tokenizer, prompts.dumps(TEXT_MESSAGES), c) for c in CHOICES}
+    for choice in answer["choices"]:
+        content = choice["logprobs"]["content"]
+        assert content[-1]["token"] == "<|im_end|>"  # the EOS is scored, as the trainer scores it
+        assert sum(t["logprob"] for t in content) == pytest.approx(expected[choice["message"]["content"]], abs=1e-4)
+        assert choice["finish_reason"] == "stop"
+
+    # Temperature 0 is the most likely choice: the base answers click('12'), the adapter click('13'); the older field works too.
+    greedy = {"messages": TEXT_MESSAGES, "temperature": 0, "guided_choice": list(reversed(CHOICES))}
+    assert _post(server, {"model": "tiny", **greedy})[1]["choices"][0]["message"]["content"] == "click('12')"
+    assert _post(server, {"model": "discard", **greedy})[1]["choices"][0]["message"]["content"] == "click('13')"
+    # Without the answer the model prefers, it still answers only what is allowed.
+    others = _post(server, {**body, "structured_outputs": {"choice": CHOICES[1:]}})[1]["choices"]
+    assert {c["message"]["content"] for c in others} <= set(CHOICES[1:])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"structured_outputs": {"choice": []}}, "structured_outputs choice must be a list of 1 to 512 non-empty strings"),
+    ({"structured_outputs": {"choice": ["click('12')", 3]}}, "structured_outputs choice must be a list"),
+    ({"structured_outputs": {"regex": "click.*"}}, "this server supports structured_outputs with a choice list only"),
+    ({"guided_choice": "click('12')"}, "guided_choice choice must be a list"),
+])
+def test_a_bad_choice_list_is_one_clear_error(server, extra, message):
+    status, error = _post(server, {"model": "tiny", "messages": TEXT_MESSAGES, **extra})
+    assert status == 400 and error["message"].startswith(message)
+    assert error["param"] == next(iter(extra))
+
+
+def test_the_policy_sends_the_pages_actions_as_the_choice(server):
+    from halo_agent.actions import page_actions
+
+    policy = OpenAIPolicy(model="tiny", base_url=server.url, temperature=1.0, n=4, seed=3, constrain_actions=True)
+    out = policy.act(_observation())
+    assert server.received[-1]["choices"] == page_actions(ELEMENTS) == CHOICES
+    assert all(s.action in CHOICES and s.parse_error is None for s in policy.last_samples)
+    tokens = server.engine.tokenizer(out.action, add_special_tokens=False)["input_ids"]
+    assert len(out.logprobs) == len(tokens) + 1 and out.logprob_sum == pytest.approx(sum(out.logprobs))
+    assert policy.config()["constrain_actions"] is True
+    with pytest.raises(PolicyConfigError, match="constrain_actions must be true or false"):
+        OpenAIPolicy(model="tiny", base_url=server.url, constrain_actions="yes")

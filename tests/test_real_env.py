@@ -212,3 +212,20 @@ def test_site_urls():
         parse_site_urls("gomail")
     with pytest.raises(ValueError, match="http"):
         parse_site_urls({"gomail": "ftp://x"})
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_random_policy_answers_so_every_real_episode_is_scored(gomail_site, tmp_path):
+    """Random clicking on v2.gomail-18 ends with send_msg_to_user (at the latest on the last step): agisdk scores it."""
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_data.lake import Lake
+
+    summary = run_rollouts(RolloutConfig(env="real", tasks=["v2.gomail-18"], rollouts_per_task=2, policy="random", max_steps=3,
+                                         env_options={"site_urls": {"gomail": gomail_site.url}}, lake=str(tmp_path / "lake"),
+                                         run_id="random-real", progress=False))
+    assert summary.episodes_written == 2 and summary.env_errors == 0
+    last = Lake.open(tmp_path / "lake").query_arrow(
+        "select action, terminated, truncated, task_reward, extra from steps where is_last order by attempt_idx").to_pylist()
+    assert [(s["action"], s["terminated"], s["truncated"]) for s in last] == [("send_msg_to_user('Done.')", True, False)] * 2
+    assert all(s["task_reward"] == 0.0 and "differences" in json.loads(s["extra"])["env_info"]["env_state"] for s in last)

@@ -39,8 +39,8 @@ def error_line(result) -> str:
 def test_empty_dpo_view_says_what_to_collect(lakes):
     result = invoke("dpo", "--lake", lakes["single"], "--base-model", lakes["model"])
     assert error_line(result) == (
-        "Error: no DPO pairs: collect at least two attempts per task (halo-agent rollout --rollouts-per-task 2 or more); "
-        f"lake: {lakes['single']}"
+        "Error: no DPO pairs: collect at least two attempts per task (halo-agent rollout --rollouts-per-task 2 or more), "
+        f"or search trees (halo-agent search); lake: {lakes['single']}"
     )
 
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from halo_data.lake import Lake
 from halo_train import BCConfig, DPOConfig, GRPOConfig, train_bc, train_dpo, train_grpo
 from halo_train.cli import main
+from halo_train.config import TrainConfigError
 from halo_train.testing import write_fixture_episodes
 from halo_train.tiny_model import build_tiny_model
 
@@ -131,6 +132,17 @@ def test_grpo_reinforce_from_stored_groups(workspace):
                                     lr=1e-3, resume_from=str(out / "checkpoint-2"), **FAST))
     assert resumed.run_id == result.run_id and resumed.global_step == 3
     assert [m["step"] for m in metrics_of(workspace["lake"], result.run_id) if m["metric"] == "loss"] == [1, 2, 3]
+
+
+def test_grpo_beta_adds_a_kl_to_the_base_model(workspace):
+    out = workspace["root"] / "grpo-kl"
+    result = train_grpo(GRPOConfig(lake=workspace["lake"], base_model=workspace["model"], output_dir=str(out), max_steps=3,
+                                   lr=2e-2, beta=0.5, **FAST))
+    kl = [m["value"] for m in sorted(metrics_of(workspace["lake"], result.run_id), key=lambda m: m["step"]) if m["metric"] == "kl"]
+    # A fresh LoRA starts as the base model (KL 0); the updates move it away.
+    assert len(kl) == 3 and kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-6
+    with pytest.raises(TrainConfigError, match="--beta must be 0"):
+        GRPOConfig(lake=workspace["lake"], base_model=workspace["model"], beta=-1)
 
 
 def test_grpo_with_behaviour_logprobs_uses_importance_ratios(workspace, tmp_path):

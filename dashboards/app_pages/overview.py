@@ -1,4 +1,4 @@
-"""Overview: every run with its episode statistics, and the eval matrix (mode × site)."""
+"""Overview: every run with its episode statistics, the eval matrix (mode × site), and each mode's cost."""
 
 from __future__ import annotations
 
@@ -39,6 +39,29 @@ ORDER BY started DESC NULLS LAST, run_id
 """
 
 EVAL_MATRIX_SQL = "SELECT * FROM eval_matrix ORDER BY mode, site, split"
+
+COST_SQL = """
+SELECT
+    mode,
+    count(*) AS episodes,
+    avg(n_model_calls) AS model_calls_per_episode,
+    avg(prompt_tokens) AS tokens_in_per_episode,
+    avg(completion_tokens) AS tokens_out_per_episode,
+    avg(cost_usd) AS cost_usd_per_episode,
+    sum(n_manager_calls)::DOUBLE / greatest(sum(n_actions), 1) AS manager_call_rate,
+    sum(n_cache_hits)::DOUBLE / greatest(sum(n_actions), 1) AS cache_hit_rate
+FROM episodes
+GROUP BY mode
+ORDER BY mode
+"""
+
+MODEL_COST_SQL = """
+SELECT mode, model, role, sum(calls) AS calls, sum(prompt_tokens) AS tokens_in, sum(completion_tokens) AS tokens_out,
+       sum(cost_usd) AS cost_usd, count(DISTINCT episode_id) AS episodes
+FROM episode_costs
+GROUP BY mode, model, role
+ORDER BY mode, role, model
+"""
 
 TOTALS_SQL = """
 SELECT
@@ -89,3 +112,22 @@ if snap is not None:
             base.mark_bar().encode(y=alt.Y("median_steps:Q", title="median steps")).properties(title="Median steps"),
             width="stretch",
         )
+    cost = snap.df(COST_SQL) if not runs.empty else None
+    if cost is not None and not cost.empty:
+        st.subheader("Cost per mode")
+        st.caption("Tokens as the endpoints reported them (usage); cost from the price table at collection time "
+                   "(halo_agent/configs/prices.yaml). Rates are per action.")
+        st.dataframe(
+            cost,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "cost_usd_per_episode": st.column_config.NumberColumn("cost per episode (USD)", format="%.5f"),
+                "manager_call_rate": st.column_config.ProgressColumn("manager call rate", format="percent", min_value=0, max_value=1),
+                "cache_hit_rate": st.column_config.ProgressColumn("cache hit rate", format="percent", min_value=0, max_value=1),
+            },
+        )
+        per_model = snap.df(MODEL_COST_SQL)
+        if not per_model.empty:
+            st.markdown("Tokens in and out per model")
+            st.dataframe(per_model, hide_index=True, width="stretch")

@@ -1,7 +1,8 @@
 """HALO environments, loaded by name so each can land and import on its own.
 
 ``miniwob`` (offline MiniWoB++) lives in ``halo_agent.envs.miniwob``; ``real``
-(REAL tasks through agisdk) in ``halo_agent.envs.real``. Both implement
+(REAL tasks through agisdk) in ``halo_agent.envs.real``; ``os`` (bash tasks in a throwaway
+sandbox) in ``halo_agent.envs.os_env``. All implement
 ``halo_agent.envs.base.Environment``.
 """
 
@@ -14,6 +15,7 @@ from halo_agent.plugins import import_registered
 ENVIRONMENTS: dict[str, tuple[str, str]] = {
     "miniwob": ("halo_agent.envs.miniwob", "MiniWoBEnv"),
     "real": ("halo_agent.envs.real", "RealEnv"),
+    "os": ("halo_agent.envs.os_env", "OSEnv"),
 }
 
 

@@ -137,6 +137,10 @@ _NEVER_CLICK_ROLES = frozenset({"RootWebArea", "WebArea", "generic", "none", "pa
 MIN_VISIBILITY = 0.5
 
 
+# Element ids plus pixel coordinates (mouse_click(x, y), keyboard_type), which screenshot policies answer with.
+SUBSETS_WITH_COORDINATES = ("chat", "infeas", "bid", "coord", "nav", "tab")
+
+
 def action_set(subsets: Iterable[str] = ("chat", "infeas", "bid", "nav", "tab")):
     """BrowserGym's high-level action set (``click('12')`` and friends), demo effects off."""
     from agisdk.REAL.browsergym.core.action.highlevel import HighLevelActionSet

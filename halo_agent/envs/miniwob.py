@@ -32,6 +32,8 @@ from halo_agent.envs.base import (
     ActionRunner,
     TaskSpec,
     UnknownTaskError,
+    SUBSETS_WITH_COORDINATES,
+    action_set,
     extract_page_state,
 )
 
@@ -135,9 +137,25 @@ def html_dir() -> Path:
     return Path(miniwob.__file__).parent / "html" / "miniwob"
 
 
-@lru_cache(maxsize=1)
-def task_names() -> tuple[str, ...]:
-    return tuple(sorted(p.stem for p in html_dir().glob("*.html")))
+def page_folder(pages: str | Path, into: str | Path) -> str:
+    """A folder under ``into`` holding the MiniWoB-style pages (``*.html``) of ``pages`` beside MiniWoB's own
+    ``core`` scripts, which the pages load as ``../core/core.js``: pass it as ``MiniWoBEnv(base_dir=...)``."""
+    import os
+    import shutil
+
+    root = Path(into)
+    (root / "miniwob").mkdir(parents=True, exist_ok=True)
+    if not (root / "core").exists():
+        os.symlink(html_dir().parent / "core", root / "core")
+    for page in Path(pages).glob("*.html"):
+        shutil.copy(page, root / "miniwob" / page.name)
+    return str(root / "miniwob")
+
+
+@lru_cache(maxsize=8)
+def task_names(base_dir: str | None = None) -> tuple[str, ...]:
+    """The tasks of MiniWoB's own pages, or of a folder of MiniWoB-style pages (``base_dir``) beside its ``core``."""
+    return tuple(sorted(p.stem for p in (Path(base_dir) if base_dir else html_dir()).glob("*.html")))
 
 
 class MiniWoBTask(AbstractBrowserTask):
@@ -158,7 +176,7 @@ class MiniWoBTask(AbstractBrowserTask):
         remove_human_display: bool = True,
     ) -> None:
         super().__init__(seed)
-        if subdomain not in task_names():
+        if subdomain not in task_names(base_dir):
             raise UnknownTaskError(f"unknown MiniWoB task {subdomain!r}")
         self.subdomain = subdomain
         self.task_id = f"{TASK_PREFIX}{subdomain}"
@@ -271,9 +289,9 @@ def restartable_tasks() -> frozenset[str]:
     return frozenset(data.get("tasks", ()))
 
 
-def subdomain_of(task_id: str) -> str:
+def subdomain_of(task_id: str, base_dir: str | None = None) -> str:
     name = task_id[len(TASK_PREFIX) :] if task_id.startswith(TASK_PREFIX) else task_id
-    if name not in task_names():
+    if name not in task_names(base_dir):
         raise UnknownTaskError(
             f"unknown MiniWoB task {task_id!r}: list them with `halo-agent tasks --env miniwob`"
         )
@@ -299,7 +317,7 @@ class MiniWoBEnv:
         self.screenshots = screenshots
         self.base_dir = base_dir
         self.isolation = isolation
-        self.actions = ActionRunner()
+        self.actions = ActionRunner(action_set(SUBSETS_WITH_COORDINATES))
         self.task: MiniWoBTask | None = None
         self.page = None
         self.goal = ""
@@ -341,7 +359,7 @@ class MiniWoBEnv:
     def reset(self, task: TaskSpec, task_seed: int) -> PageState:
         from playwright.sync_api import Error as PlaywrightError
 
-        subdomain = subdomain_of(task.task_id)
+        subdomain = subdomain_of(task.task_id, self.base_dir)
         try:
             fresh_context = (
                 self.isolation == "context"

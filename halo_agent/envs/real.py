@@ -285,6 +285,7 @@ class RealEnv:
                 "chat_messages": list(obs.get("chat_messages") or []),
                 "viewport": (self.viewport["width"], self.viewport["height"]),
                 "site": self._task.site if self._task else None,
+                "finish_action": "send_msg_to_user",  # the answer ends the episode and runs the task's evaluator
                 "task_version": self._task.task_version if self._task else None,
             },
         )

@@ -20,6 +20,7 @@ POLICIES: dict[str, tuple[str, str]] = {
     "random": ("halo_agent.policies.random_policy", "RandomPolicy"),
     "openai": ("halo_agent.policies.openai_policy", "OpenAIPolicy"),
     "hf": ("halo_agent.policies.hf_policy", "HFPolicy"),
+    "hierarchy": ("halo_agent.hierarchy.orchestrator", "HierarchicalPolicy"),
 }
 
 

@@ -112,6 +112,8 @@ class LocalChatModel:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from halo_agent.vlm import is_vlm, load_processor, load_vlm
+
         self.model_path = str(model_path)
         self.device = resolve_device(device)
         if dtype in (None, "", "auto"):
@@ -120,9 +122,16 @@ class LocalChatModel:
             torch_dtype = getattr(torch, dtype)
         if self.model_path.startswith((os.sep, ".", "~")) and not os.path.isdir(os.path.expanduser(self.model_path)):
             raise ModelLoadError(f"no model folder at {self.model_path}: pass a folder with config.json and tokenizer files")
+        # A vision-language model sees the images; a text model sees "<image>" where they stood.
+        self.processor = None
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+            if is_vlm(self.model_path):
+                self.processor = load_processor(self.model_path)
+                self.tokenizer = self.processor.tokenizer
+                model = load_vlm(self.model_path, dtype=torch_dtype)
+            else:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+                model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot load a model from {self.model_path}: {_first_line(e)}") from e
         if self.tokenizer.chat_template is None:
@@ -187,7 +196,22 @@ class LocalChatModel:
         return sorted(ids)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
-        return chat_prompt_ids(self.tokenizer, messages)
+        """Prompt token ids (image pads included for a VLM) and the number of images."""
+        inputs = self.prompt_inputs(messages)
+        return inputs["input_ids"][0].tolist(), int(inputs.get("n_images", 0))
+
+    def prompt_inputs(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """What ``generate`` feeds the model: token ids, and for a VLM the processor's vision inputs."""
+        import torch
+
+        if self.processor is None:
+            ids, n_images = chat_prompt_ids(self.tokenizer, messages)
+            return {"input_ids": torch.tensor([ids]), "n_images": n_images}
+        from halo_agent.vlm import encode_request
+
+        inputs = dict(encode_request(self.processor, messages))
+        inputs["n_images"] = int(inputs["image_grid_thw"].shape[0]) if "image_grid_thw" in inputs else 0
+        return inputs
 
     def generate(
         self,
@@ -203,8 +227,11 @@ class LocalChatModel:
     ) -> GenerationBatch:
         import torch
 
-        prompt_ids, _ = self.chat_prompt(messages)
-        input_ids = torch.tensor([prompt_ids], device=self.device)
+        inputs = self.prompt_inputs(messages)
+        inputs.pop("n_images")
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs.setdefault("attention_mask", torch.ones_like(inputs["input_ids"]))
+        n_prompt = int(inputs["input_ids"].shape[1])
         do_sample = temperature > 0
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max(1, int(max_new_tokens)),
@@ -226,8 +253,8 @@ class LocalChatModel:
             if seed is not None:
                 torch.manual_seed(int(seed))
             with torch.inference_mode(), self._adapter_context(adapter):
-                out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-        sequences = out.sequences[:, len(prompt_ids):]
+                out = self.model.generate(**inputs, **kwargs)
+        sequences = out.sequences[:, n_prompt:]
         # logits: one (n, vocab) tensor per generated position, before any processing.
         logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)
         generations = []
@@ -262,7 +289,66 @@ class LocalChatModel:
                     top_logprobs=top,
                 )
             )
+        return GenerationBatch(generations=generations, prompt_tokens=n_prompt)
+
+    def choose(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        choices: Sequence[str],
+        n: int = 1,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        adapter: str | None = None,
+    ) -> GenerationBatch:
+        """Sample ``n`` of ``choices`` by their sequence log-probability under the model (vLLM's guided choice).
+
+        A choice is scored as the trainer scores a completion: its tokens, then EOS, after the prompt. It is
+        drawn with probability proportional to exp(log p / temperature) (temperature 0: the most likely one);
+        each generation carries the choice's per-token logprobs, EOS last, under the model's raw distribution.
+        """
+        import torch
+
+        if not choices:
+            raise ValueError("choices must not be empty")
+        prompt_ids, _ = self.chat_prompt(messages)
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
+        completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
+        with self._lock:
+            if adapter is not None and adapter not in self.adapter_names:
+                raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
+            with torch.inference_mode(), self._adapter_context(adapter):
+                token_logprobs = self._score(prompt_ids, completions)
+        totals = torch.tensor([sum(lps) for lps in token_logprobs], dtype=torch.float64)
+        generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        if temperature > 0:
+            probs = torch.softmax(totals / float(temperature), dim=0)
+            picks = torch.multinomial(probs, int(n), replacement=True, generator=generator).tolist()
+        else:
+            picks = [int(totals.argmax())] * int(n)
+        generations = [
+            Generation(text=choices[i], token_ids=completions[i], tokens=[self.tokenizer.decode([t]) for t in completions[i]],
+                       logprobs=token_logprobs[i], finish_reason="stop")
+            for i in picks
+        ]
         return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids))
+
+    def _score(self, prompt_ids: list[int], completions: list[list[int]], batch: int = 16) -> list[list[float]]:
+        """Log-probability of each completion token after ``prompt_ids``, a batch of right-padded sequences at a time."""
+        import torch
+
+        out: list[list[float]] = []
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        for start in range(0, len(completions), batch):
+            chunk = completions[start:start + batch]
+            width = len(prompt_ids) + max(len(c) for c in chunk)
+            rows = [prompt_ids + c + [pad] * (width - len(prompt_ids) - len(c)) for c in chunk]
+            mask = [[1] * (len(prompt_ids) + len(c)) + [0] * (width - len(prompt_ids) - len(c)) for c in chunk]
+            ids = torch.tensor(rows, device=self.device)
+            logits = self.model(input_ids=ids, attention_mask=torch.tensor(mask, device=self.device)).logits.float()
+            logps = logits[:, len(prompt_ids) - 1:-1].log_softmax(dim=-1)
+            for i, c in enumerate(chunk):
+                out.append([float(logps[i, j, t]) for j, t in enumerate(c)])
+        return out
 
     def _adapter_context(self, adapter: str | None):
         import contextlib

@@ -15,6 +15,12 @@ dropped); screenshot mode resolves the prompt's image references to base64 PNG
 ``image_url`` parts and accepts coordinate actions (``mouse_click(x, y)``;
 ``coordinate_scale=1000`` for models such as Qwen3-VL that answer on a 0..1000 grid).
 
+``constrain_actions=True`` (text mode) constrains decoding to the page's actions
+(``halo_agent.actions.page_actions``: a click per clickable element, one
+``select_option`` per option) through vLLM's structured outputs
+(``structured_outputs: {"choice": [...]}``), which HALO's chat server answers too:
+every answer parses, so what is left to learn is which element to act on.
+
 Each call asks for ``n`` samples: the first is the action, all of them are in
 ``last_samples`` (for the ``candidates`` table). 429s, 5xx, timeouts and
 connection failures are retried with exponential backoff; what still fails comes
@@ -24,6 +30,7 @@ environment scores) and an unparseable one (``parse_error``; the episode goes on
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -34,7 +41,8 @@ import time
 import urllib.parse
 from typing import Any, Callable
 
-from halo_agent.actions import parse_for_observation, png_size, rescale_coordinates
+from halo_agent.actions import page_actions, parse_for_observation, png_size, rescale_coordinates
+from halo_agent.costs import estimate_cost
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -125,6 +133,7 @@ class OpenAIPolicy:
         policy_version: str | None = None,
         image_loader: Callable[[str], tuple[bytes, str]] | None = None,
         seed: int | None = None,
+        constrain_actions: bool = False,
         **_ignored: Any,
     ) -> None:
         import openai
@@ -166,6 +175,9 @@ class OpenAIPolicy:
         self.policy_version = policy_version or f"openai:{self.request_model}"
         self.image_loader = image_loader
         self._seed = seed
+        if not isinstance(constrain_actions, bool):
+            raise PolicyConfigError(f"constrain_actions must be true or false, got {constrain_actions!r}")
+        self.constrain_actions = constrain_actions
         self._dropped_params: set[str] = set()
         self._slot = _concurrency_slot(self.base_url, self.max_concurrent)
         # Retries are ours (counted, with our backoff), so the client's own are off.
@@ -198,6 +210,7 @@ class OpenAIPolicy:
             "timeout_s": self.timeout_s,
             "max_retries": self.max_retries,
             "max_concurrent": self.max_concurrent,
+            "constrain_actions": self.constrain_actions,
         }
 
     # ------------------------------------------------------------------ policy protocol
@@ -213,17 +226,20 @@ class OpenAIPolicy:
             return PolicyOutput(model_output=None, action=None, api_error=self._scrub(f"cannot build the request: {e}"),
                                 latency_ms=_ms(started))
         try:
-            response = self._complete(messages, obs.step_idx)
+            choices = page_actions(obs.elements) if self.constrain_actions else None
+            response = self._complete(messages, obs.step_idx, choices)
         except PolicyAPIError as e:
             self.last_samples = []
             return PolicyOutput(model_output=None, action=None, api_error=str(e), latency_ms=_ms(started))
         latency = _ms(started)
         usage = getattr(response, "usage", None)
+        prompt_tokens, completion_tokens = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+        cost = estimate_cost(self.request_model, prompt_tokens, completion_tokens)
         viewport = self._viewport(obs)
         samples = []
         for choice in response.choices or []:
             text = _choice_text(choice)
-            action, error = self._parse(text, obs, viewport)
+            action, error = self.parse(text, obs, viewport)
             token_logprobs = _choice_logprobs(choice)
             samples.append(
                 PolicyOutput(
@@ -232,8 +248,10 @@ class OpenAIPolicy:
                     action_source="model",
                     parse_error=self._scrub(error),
                     latency_ms=latency,
-                    prompt_tokens=getattr(usage, "prompt_tokens", None),
-                    completion_tokens=getattr(usage, "completion_tokens", None),
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    call_model=self.request_model,
+                    cost_usd=cost if not samples else 0.0,  # one call, whatever its n: its cost on the first sample
                     logprobs=token_logprobs,
                     logprob_sum=float(sum(token_logprobs)) if token_logprobs else None,
                 )
@@ -243,6 +261,21 @@ class OpenAIPolicy:
             return PolicyOutput(model_output=None, action=None, api_error="the endpoint returned no choices", latency_ms=latency)
         self.last_samples = samples
         return samples[0]
+
+    def chat(self, messages: list[dict[str, Any]], step_idx: int = 0) -> ChatAnswer:
+        """One completion of ``messages`` (text only) with this policy's endpoint, retries and settings.
+
+        Raises ``PolicyAPIError`` when the endpoint fails; the answer carries the ``usage`` the endpoint reported.
+        """
+        from halo_data.prompts import text_only
+
+        started = time.perf_counter()
+        response = self._complete(text_only(messages), step_idx)
+        usage = getattr(response, "usage", None)
+        prompt_tokens, completion_tokens = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+        text = _choice_text(response.choices[0]) if response.choices else None
+        return ChatAnswer(self._scrub(text), prompt_tokens, completion_tokens, _ms(started),
+                          estimate_cost(self.request_model, prompt_tokens, completion_tokens))
 
     def close(self) -> None:
         self._client.close()
@@ -271,7 +304,7 @@ class OpenAIPolicy:
             return int(viewport[0]), int(viewport[1])
         return png_size(obs.screenshot)
 
-    def _parse(self, text: str | None, obs: Observation, viewport: tuple[int, int] | None) -> tuple[str | None, str | None]:
+    def parse(self, text: str | None, obs: Observation, viewport: tuple[int, int] | None) -> tuple[str | None, str | None]:
         if not self.uses_screenshot:
             return parse_for_observation(text, obs)
         if self.coordinate_scale and viewport:
@@ -282,8 +315,11 @@ class OpenAIPolicy:
             return action, error
         return parse_for_observation(text, obs, allow_coordinates=True, viewport=viewport)
 
-    def _params(self, messages: list[dict[str, Any]], step_idx: int) -> dict[str, Any]:
+    def _params(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.request_model, "messages": messages, "temperature": self.temperature}
+        if choices is not None:
+            # vLLM's structured outputs (HALO's chat server too): the answer is one of the page's actions.
+            params["extra_body"] = {"structured_outputs": {"choice": choices}}
         if self.n > 1:
             params["n"] = self.n
         if self.top_p is not None:
@@ -300,13 +336,13 @@ class OpenAIPolicy:
             params["seed"] = int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
         return params
 
-    def _complete(self, messages: list[dict[str, Any]], step_idx: int):
+    def _complete(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None):
         import openai
 
         self.last_retries = 0
         attempt = 0
         while True:
-            params = self._params(messages, step_idx)
+            params = self._params(messages, step_idx, choices)
             try:
                 with self._slot:
                     return self._client.chat.completions.create(**params)
@@ -366,6 +402,15 @@ class OpenAIPolicy:
         if retries:
             text += f" [after {retries} retries]"
         return self._scrub(" ".join(text.split()))[:500]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatAnswer:
+    text: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_ms: float
+    cost_usd: float | None
 
 
 def _ms(started: float) -> float:

@@ -1,5 +1,7 @@
 """The random policy: uniform over the actions the current page offers; HALO's offline default.
 
+In the os environment it draws from the commands the environment lists (``extra["commands"]``).
+
 Each step picks one of the page's clickable, fillable or selectable elements
 (``Observation.elements``, read from the AXTree) and emits the BrowserGym action
 for it: ``click('12')``, ``fill('7', 'word')`` with a short random word, or
@@ -8,6 +10,11 @@ for it: ``click('12')``, ``fill('7', 'word')`` with a short random word, or
 model policy is: always the page's first offered action, whatever the seed.
 With ``n > 1`` each call draws ``n`` actions, the first of which is taken; all of
 them are in ``last_samples``, as a model policy's samples are (per-state candidates).
+
+Where the environment ends an episode on an answer (REAL: ``send_msg_to_user``,
+announced as ``Observation.extra["finish_action"]``), the policy answers with
+probability ``finish_probability`` at each step, and always on the episode's last
+step (``extra["steps_left"] == 1``), so the task's evaluator scores every episode.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ WORDS = (
 )
 
 NO_ACTION = "noop(0)"
+FINISH_ACTIONS = {"send_msg_to_user": "send_msg_to_user('Done.')"}
 
 
 def action_for(element: Element, rng: random.Random) -> str:
@@ -43,9 +51,12 @@ class RandomPolicy:
     policy_version = "random-v1"
     uses_screenshot = False
 
-    def __init__(self, temperature: float = 1.0, seed: int = 0, n: int = 1, **_: object):
+    def __init__(self, temperature: float = 1.0, seed: int = 0, n: int = 1, finish_probability: float = 0.05, **_: object):
         if int(n) < 1:
             raise ValueError("n must be at least 1")
+        if not 0.0 <= float(finish_probability) <= 1.0:
+            raise ValueError("finish_probability must be between 0 and 1")
+        self.finish_probability = float(finish_probability)
         self.temperature = float(temperature)
         self.rng = random.Random(seed)
         self.n = int(n)
@@ -56,19 +67,30 @@ class RandomPolicy:
 
     def act(self, obs: Observation) -> PolicyOutput:
         start = time.perf_counter()
-        actions = [self._draw(list(obs.elements)) for _ in range(self.n)]
+        commands = obs.extra.get("commands")
+        finish = FINISH_ACTIONS.get(obs.extra.get("finish_action") or "")
+        if commands:
+            actions = [self._draw_command(commands) for _ in range(self.n)]
+        else:
+            actions = [self._draw(list(obs.elements), finish, obs.extra.get("steps_left")) for _ in range(self.n)]
         latency_ms = (time.perf_counter() - start) * 1000.0
         self.last_samples = [
             PolicyOutput(model_output=action, action=action, action_source="random", latency_ms=latency_ms) for action in actions
         ]
         return self.last_samples[0]
 
-    def _draw(self, elements: list[Element]) -> str:
+    def _draw(self, elements: list[Element], finish: str | None = None, steps_left: int | None = None) -> str:
+        if finish is not None and (steps_left == 1 or (self.temperature > 0 and self.rng.random() < self.finish_probability)):
+            return finish
         if not elements:
             return NO_ACTION
         if self.temperature <= 0:
             return action_for(elements[0], random.Random(0))
         return action_for(self.rng.choice(elements), self.rng)
+
+    def _draw_command(self, commands: list[str]) -> str:
+        """An environment whose actions are commands (os) lists the ones a random policy may draw."""
+        return commands[0] if self.temperature <= 0 else self.rng.choice(commands)
 
     def close(self) -> None:
         pass

@@ -6,14 +6,14 @@ import dataclasses
 import json
 from typing import Any
 
-from halo_data import ids
+from halo_data import ids, prompts
 from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.runs import redact_mapping
 from halo_data.writer import Screenshot
 
 from halo_agent.envs.base import TaskSpec
 
-DEFAULT_MAX_STEPS = {"miniwob": 10, "real": 70}
+DEFAULT_MAX_STEPS = {"miniwob": 10, "real": 70, "os": 5}
 RUN_KINDS = ("rollout", "eval")
 
 
@@ -23,7 +23,7 @@ class RolloutError(ValueError):
 
 @dataclasses.dataclass
 class RolloutConfig:
-    env: str = dataclasses.field(default="miniwob", metadata={"help": "Environment: miniwob | real."})
+    env: str = dataclasses.field(default="miniwob", metadata={"help": "Environment: miniwob | real | os."})
     tasks: list[str] = dataclasses.field(default_factory=list, metadata={"help": "Task ids (miniwob names may omit the 'miniwob.' prefix)."})
     subset: str | None = dataclasses.field(default=None, metadata={"help": "Named task subset of the environment (or a site name)."})
     sample_size: int | None = dataclasses.field(default=None, metadata={"help": "Sample this many tasks (seeded by --seed) from the tasks or subset."})
@@ -36,9 +36,12 @@ class RolloutConfig:
     temperature: float = dataclasses.field(default=1.0, metadata={"help": "Sampling temperature (random policy: 0 = always the first action)."})
     seed: int = dataclasses.field(default=0, metadata={"help": "Seed of the policy's sampling; each episode derives its own from it."})
     task_seed: int | None = dataclasses.field(default=None, metadata={"help": "Seed of the task instances (default: --seed); all attempts of a task share it."})
-    max_steps: int | None = dataclasses.field(default=None, metadata={"help": "Steps per episode (default: 10 for miniwob, 70 for real)."})
+    task_seeds: int = dataclasses.field(default=1, metadata={"help": "Task seeds per task: task_seed, task_seed + 1, ...; each gets --rollouts-per-task attempts (a group each)."})
+    observation: str = dataclasses.field(default="axtree", metadata={"help": "The page in the prompt: axtree (the whole tree) | elements (only the elements a policy may act on, one line each)."})
+    max_steps: int | None = dataclasses.field(default=None, metadata={"help": "Steps per episode (default: 10 for miniwob, 70 for real, 5 for os)."})
     candidates_per_state: int = dataclasses.field(default=0, metadata={"help": "Sample this many actions in the policy's call at each step and score each from the restored state into `candidates` (0: none; else at least 2)."})
     workers: int = dataclasses.field(default=1, metadata={"help": "Parallel worker processes, each with its own browser."})
+    ray_address: str | None = dataclasses.field(default=None, metadata={"help": "Run the episodes on this Ray cluster (auto, or HOST:PORT): --workers actors, each with its own browser, each writing to the lake."})
     pin_workers: bool = dataclasses.field(default=True, metadata={"help": "Keep each worker process, and the browser it starts, on one CPU (round robin over the CPUs this process may use)."})
     lake: str = dataclasses.field(default="lake", metadata={"help": "Lake root (created if missing)."})
     run_id: str | None = dataclasses.field(default=None, metadata={"help": "Run id (default: <kind>-<env>-<UTC time>)."})
@@ -61,12 +64,18 @@ class RolloutConfig:
             raise RolloutError(f"kind must be one of {', '.join(RUN_KINDS)}, got {self.kind!r}")
         if int(self.rollouts_per_task) < 1:
             raise RolloutError("--rollouts-per-task must be at least 1")
+        if self.observation not in prompts.OBSERVATION_FORMATS:
+            raise RolloutError(f"--observation must be one of {', '.join(prompts.OBSERVATION_FORMATS)}, got {self.observation!r}")
+        if int(self.task_seeds) < 1:
+            raise RolloutError("--task-seeds must be at least 1")
         if int(self.workers) < 1:
             raise RolloutError("--workers must be at least 1")
         if self.max_steps is not None and int(self.max_steps) < 1:
             raise RolloutError("--max-steps must be at least 1")
         if int(self.candidates_per_state) != 0 and int(self.candidates_per_state) < 2:
             raise RolloutError("--candidates must be 0 (none) or at least 2: a group of one has nothing to compare")
+        if self.candidates_per_state and self.policy == "hierarchy":
+            raise RolloutError("--candidates needs a plain policy: a hierarchical policy's manager rows have no action to replay")
         if self.sample_size is not None and int(self.sample_size) < 1:
             raise RolloutError("--sample-size must be at least 1")
         if self.tasks and self.subset:

@@ -32,16 +32,20 @@ from halo_agent.restore import StatePath
 from halo_agent.restore import error_line as first_line
 from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards
 from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
-from halo_agent.types import Observation, Policy, PolicyOutput
+from halo_agent.types import ModelCall, Observation, Policy, PolicyOutput, StepFeedback
 
 log = logging.getLogger(__name__)
 
 
-def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool, screenshot_hash: str | None) -> Observation:
-    messages = prompts.render_messages(
+def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool,
+                      screenshot_hash: str | None, site: str | None = None, observation_format: str = "axtree") -> Observation:
+    """What the policy sees at a step; ``observation_format`` (``prompts.OBSERVATION_FORMATS``) picks the page text."""
+    text = page.axtree if observation_format == "axtree" else prompts.elements_text((e.bid, e.role, e.name) for e in page.elements)
+    # An environment that keeps its own chat history (os) hands the prompt over whole.
+    messages = page.extra.get("messages") or prompts.render_messages(
         goal=page.goal,
         url=page.url,
-        observation=page.axtree,
+        observation=text,
         history=history,
         screenshot_hash=screenshot_hash,
         use_screenshot=use_screenshot,
@@ -58,6 +62,7 @@ def build_observation(page: PageState, task_id: str, history: Sequence[str], ste
         step_idx=step_idx,
         task_id=task_id,
         extra=dict(page.extra),
+        site=site,
     )
 
 
@@ -134,6 +139,7 @@ class EpisodeRunner:
                 at = self._step(ep, at, step_idx, rewards)
                 if at is None:
                     break
+            self._conclude(ep)
         self._sent_screenshots.update(ep.shots)
         episode = self._episode_record(ep)
         candidates = self._candidates(ep, episode)
@@ -150,6 +156,24 @@ class EpisodeRunner:
                                task_id=episode.task_id, prompt=prompt, policy_version=episode.policy_version)
         ep.env_seconds += time.perf_counter() - t0
         return rows
+
+    def _conclude(self, ep: _Episode) -> None:
+        """An episode the loop stopped unfinished, in an environment that judges at the end (os): its
+        outcome is the episode's reward, on its last step's ``success`` component."""
+        conclude = getattr(self.env, "conclude", None)
+        if conclude is None or ep.terminated or ep.error is not None or not ep.steps:
+            return
+        try:
+            outcome = conclude()
+        except EnvError as e:
+            ep.fail("env", first_line(e))
+            return
+        ep.task_reward = float(outcome.reward)
+        ep.raw_reward = outcome.raw_reward
+        ep.terminated = bool(outcome.terminated)
+        last = ep.steps[-1]
+        rewards = {**last.rewards, "success": float(outcome.reward)}
+        ep.steps[-1] = last.replace(rewards=rewards, reward=self.rewards.weights.shaped({**last.components(), **rewards}))
 
     # ---------------------------------------------------------------------------------- the parts
     def _at(self, page: PageState, ep: _Episode) -> _PageAt:
@@ -183,9 +207,13 @@ class EpisodeRunner:
         """One step on page ``at``, recorded on ``ep``; the page the next step starts from, or None when the episode ends."""
         task_id = ep.spec.task.task_id
         use_screenshot = bool(getattr(self.policy, "uses_screenshot", False))
-        obs = build_observation(at.page, task_id, ep.history, step_idx, use_screenshot, at.shot_hash)
-        prompt = prompts.dumps(obs.messages)
+        obs = build_observation(at.page, task_id, ep.history, step_idx, use_screenshot, at.shot_hash, ep.spec.task.site,
+                                self.config.observation)
+        obs.extra["steps_left"] = self.max_steps - step_idx  # this step included: a policy may answer before time runs out
         turn = self._act(ep, obs, step_idx)
+        # Dumped after the call: a hierarchical policy puts its manager's plan into the prompt its worker sees.
+        prompt = prompts.dumps(obs.messages)
+        ep.steps += [self._call_record(len(ep.steps), at, call, rewards.cumulative_progress) for call in turn.out.calls]
         samples = list(getattr(self.policy, "last_samples", None) or ())
         if self.config.candidates_per_state and len(samples) >= 2 and ep.error is None:
             ep.sampled.append((step_idx, prompt, samples))
@@ -203,8 +231,9 @@ class EpisodeRunner:
             state_hash_after=(after or at).state,
             env_reward=float(turn.outcome.reward) if turn.outcome is not None else 0.0,
         )
-        ep.steps.append(self._step_record(ep, step_idx, at, after, prompt, turn, step_rewards))
+        ep.steps.append(self._step_record(ep, len(ep.steps), at, after, prompt, turn, step_rewards))
         ep.history.append(turn.out.action or (turn.out.model_output or ""))
+        self._feedback(turn, at, after, step_rewards)
         outcome = turn.outcome
         if outcome is not None:
             ep.task_reward = float(outcome.reward)
@@ -252,7 +281,26 @@ class EpisodeRunner:
             turn.env_ms += ep.reset_ms  # the first step's environment time includes the reset that led to it
         ep.env_seconds += turn.env_ms / 1000.0
 
+    def _feedback(self, turn: _Turn, at: _PageAt, after: _PageAt | None, step_rewards: StepRewards) -> None:
+        """Tells a policy that learns within the episode (the hierarchical one) what its action did."""
+        observe = getattr(self.policy, "observe", None)
+        if observe is None:
+            return
+        observe(StepFeedback(
+            action=turn.out.action, action_source=turn.out.action_source, action_valid=turn.action_valid,
+            action_error=turn.action_error, state_before=at.state, state_after=after.state if after is not None else None,
+            progress=float(step_rewards.components.get("progress") or 0.0),
+            env_reward=float(turn.outcome.reward) if turn.outcome is not None else 0.0,
+        ))
+
     # ---------------------------------------------------------------------------------- records
+    def _call_record(self, row_idx: int, at: _PageAt, call: ModelCall, cumulative_progress: float) -> StepRecord:
+        """The row of a model call that chose no action itself (a manager's): its prompt and answer on the page it saw."""
+        usage = {"prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens, "cost_usd": call.cost_usd}
+        return StepRecord(step_idx=row_idx, **_page_fields(at), prompt=prompts.dumps(call.messages), model_output=call.output,
+                          action_source=call.action_source, parse_error=call.error, weights=self.rewards.weights,
+                          cumulative_progress=cumulative_progress, latency_ms=call.latency_ms, call_model=call.model, **usage)
+
     def _step_record(self, ep: _Episode, step_idx: int, at: _PageAt, after: _PageAt | None, prompt: str, turn: _Turn, step_rewards: StepRewards) -> StepRecord:
         out = turn.out
         extra: dict[str, Any] = {"policy_seed": ep.spec.policy_seed}
@@ -265,15 +313,14 @@ class EpisodeRunner:
             extra["env_info"] = _jsonable(turn.outcome.info)
         return StepRecord(
             step_idx=step_idx,
-            url=at.page.url,
-            goal=at.page.goal,
-            observation=at.page.axtree,
-            screenshot_hash=at.shot_hash,
+            **_page_fields(at),
             screenshot_after_hash=after.shot_hash if after is not None else None,
             prompt=prompt,
+            prompt_version=at.page.extra.get("prompt_version") or prompts.PROMPT_VERSIONS[self.config.observation],
             model_output=out.model_output,
             action=out.action,
             action_source=out.action_source,
+            macro=out.macro,
             action_valid=turn.action_valid,
             parse_error=out.parse_error,
             action_error=turn.action_error,
@@ -281,11 +328,12 @@ class EpisodeRunner:
             weights=self.rewards.weights,
             reward=step_rewards.reward,
             cumulative_progress=step_rewards.cumulative_progress,
-            state_hash=at.state,
             latency_ms=out.latency_ms or turn.policy_ms,
             env_ms=turn.env_ms,
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
+            call_model=out.call_model,
+            cost_usd=out.cost_usd,
             logprobs=out.logprobs,
             logprob_sum=out.logprob_sum,
             extra=extra,
@@ -304,7 +352,7 @@ class EpisodeRunner:
 
     def _episode_record(self, ep: _Episode) -> EpisodeRecord:
         cfg, spec, policy = self.config, ep.spec, self.policy
-        n_steps = len(ep.steps)
+        n_steps = sum(1 for s in ep.steps if s.action_source != "manager")  # actions, not the manager's rows
         return EpisodeRecord(
             run_id=self.run_id,
             env=cfg.env,
@@ -333,6 +381,12 @@ class EpisodeRunner:
             started_at=ep.started,
             ended_at=utc_now(),
         )
+
+
+def _page_fields(at: _PageAt) -> dict[str, Any]:
+    """The step fields of the page an action (or a manager's call) was made on."""
+    return {"url": at.page.url, "goal": at.page.goal, "observation": at.page.axtree, "screenshot_hash": at.shot_hash,
+            "state_hash": at.state}
 
 
 def _jsonable(value: Any) -> Any:

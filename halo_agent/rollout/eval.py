@@ -35,6 +35,24 @@ class Mode:
     temperature: float | None = None
     policy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     description: str = ""
+    manager: dict[str, Any] | None = None  # an OpenAI-compatible model (model, base_url, ...) over the worker
+    cache: bool = False  # replay the lake's verified actions
+    macros: bool = False
+    recovery: bool | None = None  # default: on wherever the mode is hierarchical
+    hierarchy_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # manager_every, error_threshold, ...
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether the mode runs its policy as the worker of ``halo_agent.hierarchy``."""
+        return bool(self.manager or self.cache or self.macros or self.recovery or self.hierarchy_options)
+
+    def rollout_fields(self) -> dict[str, Any]:
+        """The policy and its options as a run's config takes them: a hierarchical mode's policy becomes its worker."""
+        if not self.hierarchical:
+            return {"policy": self.policy, "policy_options": dict(self.policy_options)}
+        options = {"worker": self.policy, "worker_options": dict(self.policy_options), "manager": self.manager,
+                   "cache": self.cache, "macros": self.macros, "recovery": self.recovery is not False, **self.hierarchy_options}
+        return {"policy": "hierarchy", "policy_options": options}
 
 
 def load_modes(extra_file: str | os.PathLike[str] | None = None) -> dict[str, Mode]:
@@ -56,6 +74,8 @@ def load_modes(extra_file: str | os.PathLike[str] | None = None) -> dict[str, Mo
             unknown = set(raw) - {f.name for f in dataclasses.fields(Mode)}
             if unknown:
                 raise RolloutError(f"{path}: mode {name!r} has unknown field(s) {', '.join(sorted(unknown))}")
+            if raw.get("manager") is not None and not (isinstance(raw["manager"], dict) and raw["manager"].get("model")):
+                raise RolloutError(f"{path}: mode {name!r}: manager needs at least a model (manager: {{model: NAME}})")
             modes[str(name)] = Mode(name=str(name), **{k: v for k, v in raw.items() if k != "name"})
     return modes
 
@@ -70,16 +90,17 @@ def run_eval(modes: Sequence[str], base: RolloutConfig, modes_file: str | None =
     summaries = []
     for name in modes:
         mode = known[name]
+        fields = mode.rollout_fields()
         cfg = dataclasses.replace(
             base,
             kind="eval",
             mode=name,
-            policy=mode.policy,
+            policy=fields["policy"],
             model=mode.model,
             adapter=mode.adapter,
             policy_version=mode.policy_version,
             temperature=base.temperature if mode.temperature is None else float(mode.temperature),
-            policy_options={**mode.policy_options, **base.policy_options},
+            policy_options={**fields["policy_options"], **base.policy_options},
             run_id=f"{base_id}-{name}",
         )
         summaries.append(run_rollouts(cfg))

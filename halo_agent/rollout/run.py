@@ -14,6 +14,7 @@ candidates of that flush, never its steps).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import signal
@@ -36,14 +37,14 @@ from halo_agent.rollout.workers import policy_for, run_in_process, run_in_worker
 log = logging.getLogger(__name__)
 
 # Config fields that decide which episodes a run plans: a resume must keep them.
-_PLAN_FIELDS = ("env", "tasks", "subset", "sample_size", "rollouts_per_task", "seed", "task_seed", "split", "task_version", "task_registry", "policy", "model", "adapter")
+_PLAN_FIELDS = ("env", "tasks", "subset", "sample_size", "rollouts_per_task", "seed", "task_seed", "task_seeds", "split", "task_version", "task_registry", "policy", "model", "adapter")
 
 
 def default_run_id(config: RolloutConfig) -> str:
     return f"{config.kind}-{config.env}-{utc_now().strftime('%Y%m%dT%H%M%S')}"
 
 
-class _Progress:
+class Progress:
     def __init__(self, total: int, enabled: bool, desc: str):
         self.bar = None
         self.done = 0
@@ -55,10 +56,10 @@ class _Progress:
 
             self.bar = tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True)
 
-    def update(self, result: EpisodeResult) -> None:
+    def update(self, episode, n_steps: int) -> None:
         self.done += 1
-        self.successes += int(bool(result.episode.success))
-        self.steps += len(result.steps)
+        self.successes += int(bool(episode.success))
+        self.steps += n_steps
         if self.bar is not None:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self.bar.set_postfix(success=f"{self.successes}/{self.done}", steps_s=f"{self.steps / elapsed:.1f}", refresh=False)
@@ -70,11 +71,11 @@ class _Progress:
 
 
 @dataclasses.dataclass
-class _Tally:
+class Tally:
     """Writes finished episodes and counts what was written, and the time spent in the lake."""
 
     writer: EpisodeWriter
-    progress: _Progress
+    progress: Progress
     written: int = 0
     successes: int = 0
     env_errors: int = 0
@@ -90,11 +91,15 @@ class _Tally:
         if not self.writer.pending_episodes:  # that write flushed: the steps are in, the candidates may follow
             self._write_candidates()
         self.lake_seconds += time.perf_counter() - t
+        self.count(result.episode, len(result.steps))
+
+    def count(self, episode, n_steps: int) -> None:
+        """Count one finished episode (written here, or by a Ray worker into the same lake)."""
         self.written += 1
-        self.successes += int(bool(result.episode.success))
-        self.env_errors += int(result.episode.error_kind == "env")
-        self.steps += len(result.steps)
-        self.progress.update(result)
+        self.successes += int(bool(episode.success))
+        self.env_errors += int(episode.error_kind == "env")
+        self.steps += n_steps
+        self.progress.update(episode, n_steps)
 
     def close_writer(self) -> None:
         t = time.perf_counter()
@@ -112,18 +117,20 @@ def run_rollouts(config: RolloutConfig) -> RunSummary:
     """Run (or resume) a rollout or eval run into the lake; returns what it did."""
     _check_can_start(config)
     tasks = resolve_tasks(config)  # bad task ids fail before anything is written
-    # In-process runs build their policy now, so a policy that cannot start (no model, no key) writes nothing.
-    local_policy = policy_for(config) if config.workers == 1 else None
-    lake = Lake.init(config.lake)
     run_id = config.run_id or default_run_id(config)
+    config, lineage = _pin_cache_snapshot(config, run_id)
+    # In-process runs build their policy now, so a policy that cannot start (no model, no key) writes nothing.
+    local_policy = policy_for(config) if config.workers == 1 and not config.ray_address else None
+    lake = Lake.init(config.lake)
     plan = plan_episodes(config, run_id, tasks)
     record, done_ids = _start_record(config, lake, run_id, len(plan))
+    record = record.replace(lineage=lineage)
     todo = [spec for spec in plan if spec.episode_id not in done_ids]
     upsert_runs(lake, [record])
     log.info("run %s: %d planned, %d already in the lake, %d to run", run_id, len(plan), len(plan) - len(todo), len(todo))
 
-    tally = _Tally(EpisodeWriter(lake, flush_episodes=config.flush_episodes, flush_seconds=config.flush_seconds),
-                   _Progress(len(todo), config.progress, desc=run_id))
+    tally = Tally(EpisodeWriter(lake, flush_episodes=config.flush_episodes, flush_seconds=config.flush_seconds),
+                   Progress(len(todo), config.progress, desc=run_id))
     status = "failed"
     wall0 = time.perf_counter()
     previous_sigterm = None
@@ -163,6 +170,26 @@ def _check_can_start(config: RolloutConfig) -> None:
     except (PolicyUnavailable, EnvironmentUnavailable) as e:
         raise RolloutError(str(e)) from None
     RewardConfig.load(config.reward_config)  # fail now on a bad reward file, not in every worker
+    if config.ray_address and importlib.util.find_spec("ray") is None:
+        raise RolloutError("--ray-address needs Ray: pip install 'halo[cluster]'")
+
+
+def _pin_cache_snapshot(config: RolloutConfig, run_id: str) -> tuple[RolloutConfig, dict[str, int] | None]:
+    """A hierarchical policy's cache is read as of one version of ``steps``, fixed here for every worker and recorded
+    in the run's lineage; a resumed run keeps the version it started with, so it replays what it replayed before."""
+    options = config.policy_options
+    if config.policy != "hierarchy" or not options.get("cache"):
+        return config, None
+    from halo_agent.hierarchy.cache import snapshot_version
+
+    lake = Lake.init(config.lake)
+    version = options.get("cache_version")
+    if version is None:
+        existing = existing_run(lake, run_id) if config.resume else None
+        stored = json.loads((existing or {}).get("config") or "{}").get("policy_options", {})
+        version = stored.get("cache_version", snapshot_version(lake))
+    options = {**options, "lake": options.get("lake") or str(config.lake), "cache_version": int(version)}
+    return dataclasses.replace(config, policy_options=options), {"steps": int(version)}
 
 
 def _start_record(config: RolloutConfig, lake: Lake, run_id: str, planned: int) -> tuple[RunRecord, set[str]]:
@@ -187,10 +214,14 @@ def _start_record(config: RolloutConfig, lake: Lake, run_id: str, planned: int) 
     return record.replace(started_at=existing.get("started_at") or record.started_at), lake.episode_ids(run_id)
 
 
-def _run_episodes(config: RolloutConfig, run_id: str, todo: list[EpisodeSpec], tally: _Tally, local_policy) -> str:
+def _run_episodes(config: RolloutConfig, run_id: str, todo: list[EpisodeSpec], tally: Tally, local_policy) -> str:
     """Runs ``todo`` through ``tally``'s writer and commits what finished; the run's final status."""
     try:
-        if todo:
+        if todo and config.ray_address:
+            from halo_agent.rollout.ray_workers import run_on_ray
+
+            run_on_ray(config, run_id, todo, tally)
+        elif todo:
             if config.workers == 1:
                 run_in_process(config, run_id, todo, tally.write, local_policy)
             else:

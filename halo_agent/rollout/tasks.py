@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,10 +41,18 @@ def load_task_registry(path: str | os.PathLike[str]) -> list[TaskSpec]:
 
 
 def list_tasks(env: str, **options: Any) -> list[TaskSpec]:
-    """Every task of an environment (``options``: e.g. ``task_version`` for real)."""
+    """Every task of an environment (``options``: e.g. ``task_version`` for real, ``task_file`` for os)."""
     cls = environment_class(env)
     options = {k: v for k, v in options.items() if v is not None}
     return list(cls.list_tasks(**options))
+
+
+def _task_options(config: RolloutConfig) -> dict[str, Any]:
+    """What an environment lists its tasks from: the task version, and a task file given as an env option."""
+    options: dict[str, Any] = {"task_version": config.task_version}
+    if config.env_options.get("task_file"):
+        options["task_file"] = config.env_options["task_file"]
+    return options
 
 
 def resolve_tasks(config: RolloutConfig) -> list[TaskSpec]:
@@ -51,7 +60,7 @@ def resolve_tasks(config: RolloutConfig) -> list[TaskSpec]:
     if config.task_registry:
         available = load_task_registry(config.task_registry)
     else:
-        available = list_tasks(config.env, task_version=config.task_version)
+        available = list_tasks(config.env, **_task_options(config))
     if config.split != "all":
         available = [t for t in available if t.split == config.split]
     lookup = _task_lookup(available, config.env)
@@ -67,7 +76,7 @@ def resolve_tasks(config: RolloutConfig) -> list[TaskSpec]:
                 )
             chosen.append(lookup[name])
     elif config.subset:
-        chosen = select_subset(config.env, config.subset, available)
+        chosen = select_subset(config.env, config.subset, available, **_task_options(config))
     else:
         chosen = list(available)
     # one entry per task id, first occurrence wins
@@ -82,10 +91,12 @@ def resolve_tasks(config: RolloutConfig) -> list[TaskSpec]:
     return chosen
 
 
-def select_subset(env: str, subset: str, available: Sequence[TaskSpec]) -> list[TaskSpec]:
+def select_subset(env: str, subset: str, available: Sequence[TaskSpec], task_file: str | None = None, **_: Any) -> list[TaskSpec]:
     """A named subset: the environment's own (``subsets()``), else a site or split name, else a task-id prefix."""
     cls = environment_class(env)
     named = getattr(cls, "subsets", None)
+    if task_file and callable(named):
+        named = functools.partial(named, task_file=task_file)
     if callable(named):
         subsets = named()
         if subset in subsets:
@@ -109,7 +120,7 @@ def policy_seed(seed: int, task_id: str, task_seed: int, attempt_idx: int) -> in
 
 
 def plan_episodes(config: RolloutConfig, run_id: str, tasks: Sequence[TaskSpec]) -> list[EpisodeSpec]:
-    task_seed = config.effective_task_seed
+    first = config.effective_task_seed
     return [
         EpisodeSpec(
             task=t,
@@ -118,6 +129,7 @@ def plan_episodes(config: RolloutConfig, run_id: str, tasks: Sequence[TaskSpec])
             episode_id=ids.episode_id(run_id, t.task_id, task_seed, a),
             policy_seed=policy_seed(config.seed, t.task_id, task_seed, a),
         )
+        for task_seed in range(first, first + int(config.task_seeds))
         for t in tasks
         for a in range(int(config.rollouts_per_task))
     ]

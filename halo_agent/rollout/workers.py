@@ -100,7 +100,7 @@ def _worker_main(config: RolloutConfig, run_id: str, worker_idx: int, inbox: "mp
     except BaseException as e:  # report why this worker stopped; the parent decides
         results.put(("fatal", worker_idx, first_line(e)))
     finally:
-        _close(policy, env)
+        close_quietly(policy, env)
         results.put(("exit", worker_idx, None))
 
 
@@ -247,10 +247,10 @@ def run_in_process(config: RolloutConfig, run_id: str, todo: Sequence[EpisodeSpe
         for spec in todo:
             write(runner.run(spec))
     finally:
-        _close(own_policy, env)
+        close_quietly(own_policy, env)
 
 
-def _close(*things: Any) -> None:
+def close_quietly(*things: Any) -> None:
     """Closes each policy or environment given; one that fails to close does not stop the others."""
     for thing in things:
         if thing is None:

@@ -1,4 +1,4 @@
--- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component and the shaped return under the current weights.
+-- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component, the shaped return under the current weights, and its actions by source (policy, manager, cache, macro, recovery) with tokens and estimated cost.
 WITH per_episode AS (
     -- float sums are sorted_sum (macros.sql): the same digits on every run
     SELECT
@@ -30,7 +30,8 @@ WITH per_episode AS (
         any_value(ended_at) AS ended_at,
         count(*) AS n_step_rows,
         count(*) FILTER (WHERE action_valid) AS n_valid_actions,
-        count(*) FILTER (WHERE NOT coalesce(action_valid, false) AND model_output IS NOT NULL) AS n_invalid_actions,
+        count(*) FILTER (WHERE NOT coalesce(action_valid, false) AND model_output IS NOT NULL
+                         AND action_source IS DISTINCT FROM 'manager') AS n_invalid_actions,
         count(*) FILTER (WHERE parse_error IS NOT NULL) AS n_parse_errors,
         max(coalesce(cumulative_progress, 0)) AS final_progress,
         sorted_sum(coalesce(r_progress, 0)) AS r_progress,
@@ -42,7 +43,16 @@ WITH per_episode AS (
         sorted_sum(coalesce(latency_ms, 0)) AS policy_ms,
         sorted_sum(coalesce(env_ms, 0)) AS env_ms,
         sum(coalesce(prompt_tokens, 0))::BIGINT AS prompt_tokens,
-        sum(coalesce(completion_tokens, 0))::BIGINT AS completion_tokens
+        sum(coalesce(completion_tokens, 0))::BIGINT AS completion_tokens,
+        -- the hierarchical agent's sources of action (halo_agent.hierarchy), and what its model calls cost
+        count(*) FILTER (WHERE action_source IS DISTINCT FROM 'manager') AS n_actions,
+        count(*) FILTER (WHERE action_source IN ('worker', 'model', 'random')) AS n_policy_steps,
+        count(*) FILTER (WHERE action_source = 'manager') AS n_manager_calls,
+        count(*) FILTER (WHERE action_source = 'cache') AS n_cache_hits,
+        count(*) FILTER (WHERE action_source = 'macro') AS n_macro_steps,
+        count(*) FILTER (WHERE action_source = 'recovery') AS n_recovery_steps,
+        count(*) FILTER (WHERE call_model IS NOT NULL) AS n_model_calls,
+        sorted_sum(coalesce(cost_usd, 0)) AS cost_usd
     FROM step_rewards
     GROUP BY episode_id
 )

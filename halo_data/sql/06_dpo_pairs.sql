@@ -1,4 +1,4 @@
--- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state.
+-- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state. From search trees (source 'mcts'): mcts_pairs, by default the highest- against the lowest-Q sibling of each node ('all': every pair), with the stored generation logprobs.
 WITH ranked_steps AS (
     SELECT
         s.run_id,
@@ -13,6 +13,7 @@ WITH ranked_steps AS (
     JOIN progress_ranking AS r USING (episode_id)
     -- pairing reads the prompt's hash only; the prompt text joins the few pairs at the end
     WHERE s.prompt_hash IS NOT NULL AND s.model_output IS NOT NULL AND r.error IS NULL
+      AND s.action_source IS DISTINCT FROM 'manager'  -- a manager's advice is no action to prefer
 ),
 
 episode_candidate_pairs AS (
@@ -96,8 +97,30 @@ candidate_pairs AS (
             PARTITION BY c.run_id, c.episode_id, c.step_idx
             ORDER BY c.score DESC, r.score ASC, c.candidate_idx, r.candidate_idx
         ) = 1
+),
+
+mcts_step_pairs AS (
+    SELECT
+        source, run_id, task_id, prompt_hash, prompt, chosen, rejected,
+        tree_id AS chosen_episode_id,
+        step_idx AS chosen_step_idx,
+        tree_id AS rejected_episode_id,
+        step_idx AS rejected_step_idx,
+        chosen_q AS chosen_score,
+        rejected_q AS rejected_score,
+        chosen_logprob_sum,
+        rejected_logprob_sum
+    FROM mcts_pairs
+    QUALIFY
+        getvariable('halo_dpo_pairing') = 'all'
+        OR row_number() OVER (
+            PARTITION BY run_id, tree_id, parent_id
+            ORDER BY chosen_q DESC, rejected_q ASC, chosen_node_id, rejected_node_id
+        ) = 1
 )
 
 SELECT *, chosen_score - rejected_score AS score_margin FROM episode_pairs
 UNION ALL BY NAME
 SELECT *, chosen_score - rejected_score AS score_margin FROM candidate_pairs
+UNION ALL BY NAME
+SELECT *, chosen_score - rejected_score AS score_margin FROM mcts_step_pairs

@@ -46,7 +46,7 @@ step_keys AS (
         state_hash,
         shaped_reward,
         -- prompt_hash, not the prompt: the writer sets one with the other, and the hash is cheap to read
-        prompt_hash IS NOT NULL AND model_output IS NOT NULL AS trainable
+        prompt_hash IS NOT NULL AND model_output IS NOT NULL AND action_source IS DISTINCT FROM 'manager' AS trainable
     FROM step_rewards
 ),
 

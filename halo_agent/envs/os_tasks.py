@@ -1,0 +1,191 @@
+"""OS-interaction tasks: HALO's own set (``configs/os_tasks.yaml``) and LifelongAgentBench's JSON format.
+
+A task is an instruction, an initialization script that prepares a fresh sandbox, an evaluation
+script whose exit code 0 means the task is done, and a reference solution. HALO's set is YAML::
+
+    tasks:
+      - id: files-create-empty
+        category: files            # files | permissions | processes | text | users (the step's site)
+        instruction: Create an empty file /srv/app/ready.
+        init: mkdir -p /srv/app
+        evaluation: test -f /srv/app/ready && test ! -s /srv/app/ready
+        solution: touch /srv/app/ready
+        skills: [touch]
+        short: true                # one short command solves it (the learning subset)
+
+LifelongAgentBench's ``os_interaction`` data is one JSON object keyed by sample index::
+
+    {"0": {"instruction": "...",
+           "initialization_command_item": {"command_name": "bash", "script": "..."},
+           "evaluation_info": {"ground_truth_command_item": {"command_name": "bash", "script": "..."},
+                               "evaluation_command_item": {"command_name": "bash", "script": "..."}},
+           "skill_list": ["useradd", "chmod"],
+           "raw_entry_hash": "..."}}
+
+``load_tasks(path)`` reads either (by content); a LifelongAgentBench sample ``7`` becomes task
+``os.lab-7``. Tasks travel to rollout workers inside their ``TaskSpec`` (``extra`` holds the scripts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from halo_agent.envs.base import TaskSpec
+
+ENV_NAME = "os"
+TASK_PREFIX = "os."
+BUILTIN_TASKS = Path(__file__).resolve().parent.parent / "configs" / "os_tasks.yaml"
+INTERPRETERS = ("bash", "python")
+CATEGORIES = ("files", "permissions", "processes", "text", "users")
+
+
+class TaskFileError(ValueError):
+    """A task file that cannot be read; the message names the file and the task."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Script:
+    """A script and the interpreter that runs it (LifelongAgentBench's ``CommandItem``)."""
+
+    script: str
+    interpreter: str = "bash"
+
+    def __post_init__(self) -> None:
+        if self.interpreter not in INTERPRETERS:
+            raise TaskFileError(f"interpreter {self.interpreter!r} is not one of {', '.join(INTERPRETERS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OSTask:
+    task_id: str
+    instruction: str
+    init: Script
+    evaluation: Script
+    solution: Script
+    category: str = "os"
+    skills: tuple[str, ...] = ()
+    short: bool = False
+    source: str = "halo"  # halo | lifelongagentbench
+
+    def to_spec(self) -> TaskSpec:
+        return TaskSpec(
+            task_id=self.task_id,
+            env=ENV_NAME,
+            site=self.category,
+            goal=self.instruction,
+            extra={
+                "init": dataclasses.asdict(self.init),
+                "evaluation": dataclasses.asdict(self.evaluation),
+                "solution": dataclasses.asdict(self.solution),
+                "skills": list(self.skills),
+                "short": self.short,
+                "source": self.source,
+            },
+        )
+
+    @classmethod
+    def from_spec(cls, spec: TaskSpec) -> "OSTask":
+        extra = spec.extra or {}
+        missing = [k for k in ("init", "evaluation") if k not in extra]
+        if missing:
+            raise TaskFileError(f"task {spec.task_id} carries no {' or '.join(missing)} script: it is not an os task")
+        return cls(
+            task_id=spec.task_id,
+            instruction=spec.goal or "",
+            init=Script(**extra["init"]),
+            evaluation=Script(**extra["evaluation"]),
+            solution=Script(**extra.get("solution") or {"script": ""}),
+            category=spec.site,
+            skills=tuple(extra.get("skills") or ()),
+            short=bool(extra.get("short")),
+            source=str(extra.get("source") or "halo"),
+        )
+
+
+def _halo_task(raw: Any, path: Path) -> OSTask:
+    if not isinstance(raw, dict) or not raw.get("id"):
+        raise TaskFileError(f"{path}: every task needs an id, got {str(raw)[:80]!r}")
+    name = str(raw["id"])
+    unknown = set(raw) - {"id", "category", "instruction", "init", "evaluation", "solution", "skills", "short"}
+    if unknown:
+        raise TaskFileError(f"{path}: task {name} has unknown field(s) {', '.join(sorted(unknown))}")
+    for key in ("instruction", "evaluation", "solution"):
+        if not str(raw.get(key) or "").strip():
+            raise TaskFileError(f"{path}: task {name} needs a non-empty {key}")
+    category = str(raw.get("category") or "os")
+    return OSTask(
+        task_id=TASK_PREFIX + name,
+        instruction=str(raw["instruction"]).strip(),
+        init=Script(str(raw.get("init") or "true")),
+        evaluation=Script(str(raw["evaluation"])),
+        solution=Script(str(raw["solution"])),
+        category=category,
+        skills=tuple(str(s) for s in raw.get("skills") or ()),
+        short=bool(raw.get("short", False)),
+    )
+
+
+def _command_item(raw: Any, where: str) -> Script:
+    if not isinstance(raw, dict) or "script" not in raw:
+        raise TaskFileError(f"{where} must be an object with command_name and script")
+    name = str(raw.get("command_name") or "bash")
+    if name not in INTERPRETERS:
+        raise TaskFileError(f"{where}: command_name {name!r} is not supported (bash or python)")
+    return Script(str(raw["script"]), name)
+
+
+def _lab_task(key: str, raw: Any, path: Path) -> OSTask:
+    where = f"{path}: sample {key}"
+    if not isinstance(raw, dict):
+        raise TaskFileError(f"{where} is not an object")
+    for field in ("instruction", "initialization_command_item", "evaluation_info"):
+        if field not in raw:
+            raise TaskFileError(f"{where} has no {field} (not LifelongAgentBench os_interaction data?)")
+    info = raw["evaluation_info"]
+    if not isinstance(info, dict):
+        raise TaskFileError(f"{where}: evaluation_info must be an object")
+    skills = tuple(str(s) for s in raw.get("skill_list") or ())
+    return OSTask(
+        task_id=f"{TASK_PREFIX}lab-{key}",
+        instruction=str(raw["instruction"]).strip(),
+        init=_command_item(raw["initialization_command_item"], f"{where} initialization_command_item"),
+        evaluation=_command_item(info.get("evaluation_command_item"), f"{where} evaluation_command_item"),
+        solution=_command_item(info.get("ground_truth_command_item"), f"{where} ground_truth_command_item"),
+        category="lab",
+        skills=skills,
+        source="lifelongagentbench",
+    )
+
+
+def load_tasks(path: str | Path | None = None) -> list[OSTask]:
+    """Tasks from a HALO YAML/JSON task file or a LifelongAgentBench os_interaction JSON (HALO's own set by default)."""
+    path = Path(path) if path else BUILTIN_TASKS
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskFileError(f"task file {path} does not exist") from None
+    import yaml
+
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise TaskFileError(f"task file {path} cannot be parsed: {str(e).splitlines()[0]}") from None
+    if isinstance(data, dict) and isinstance(data.get("tasks"), list):
+        tasks = [_halo_task(raw, path) for raw in data["tasks"]]
+    elif isinstance(data, dict) and data:
+        tasks = [_lab_task(str(key), raw, path) for key, raw in data.items()]
+    else:
+        raise TaskFileError(f"task file {path} holds neither HALO tasks (tasks: [...]) nor LifelongAgentBench samples")
+    _check_unique(tasks, path)
+    return tasks
+
+
+def _check_unique(tasks: Iterable[OSTask], path: Path) -> None:
+    seen: set[str] = set()
+    for task in tasks:
+        if task.task_id in seen:
+            raise TaskFileError(f"{path}: task id {task.task_id} appears twice")
+        seen.add(task.task_id)

@@ -1,0 +1,162 @@
+"""The Agent Q loop: search with the served policy → trees in the lake → step-level pairs → DPO → reload → search again.
+
+    halo-train mcts --env miniwob --tasks click-button-sequence --iterations 3 --simulations 16 --expansions 4 \\
+        --base-model models/tiny --output-dir out/mcts --serve
+
+    from halo_train.mcts import MCTSConfig, run_mcts
+    summary = run_mcts(MCTSConfig(base_model="models/tiny", tasks=["click-button-sequence"], serve=True))  # an OnlineSummary
+
+Iteration k:
+
+1. ``halo_agent.search`` runs one search run ``RUN-k{k}`` with the served version as its
+   policy (K samples in one call, with their generation logprobs), ``--task-seeds`` trees per
+   task on task seeds ``--train-seed-start + k * task_seeds ...``; whole trees land in ``mcts_nodes``;
+2. ``dpo_pairs`` rows with ``source = 'mcts'`` of that run (``mcts_pairs``: siblings whose Q
+   differ by more than θ) train the newest adapter with DPO, the stored generation logprobs
+   as the reference (``halo-train dpo --source mcts``), into ``OUTPUT/policy-{v+1}``;
+3. the engine loads it as ``policy-{v+1}`` and retires the old name (the online loop's
+   engine and swap: ``halo_train.online.open_engine``, ``halo_agent.serving``);
+4. the iteration (search run, trees solved, pairs, adapter, reload) is recorded in the run's
+   ``runs`` row, its metrics in ``train_metrics`` (step = k).
+
+An iteration whose trees give no pair is recorded without an update; the version stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from halo_agent.search.config import SearchOptions
+from halo_data.lake import Lake
+from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_train.config import DPOConfig, TrainConfigError, _field
+from halo_train.online import OnlineSummary, Served, ServedLoopConfig, marks_status, open_engine, record_iteration
+
+log = logging.getLogger(__name__)
+
+
+class MCTSError(TrainConfigError):
+    """An MCTS run that cannot start as configured; one line that says what to do."""
+
+
+@dataclasses.dataclass
+class MCTSConfig(ServedLoopConfig, SearchOptions):
+    """The search options (``halo_agent.search.SearchOptions``), the served loop's, and the DPO update's."""
+
+    output_dir: str = _field("out/mcts", "Where policy-{v} adapter folders go.")
+    tasks: list = _field(["click-button-sequence"], "Tasks to search, comma-separated.")
+    task_seeds: int = _field(2, "Trees per task in each iteration (new task seeds every iteration).")
+    max_tokens: int = _field(32, "Most tokens an action may take.")
+    lr: float = _field(5e-5, "Learning rate of each DPO update.")
+    beta: float = _field(0.1, "DPO beta.")
+    run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>).")
+
+    def __post_init__(self) -> None:
+        self.check_served_loop(MCTSError)
+        self.check_search_options(MCTSError)
+        if int(self.task_seeds) < 1:
+            raise MCTSError(f"--task-seeds must be at least 1, got {self.task_seeds}")
+
+
+def run_mcts(cfg: MCTSConfig, echo: Callable[[str], None] = print) -> OnlineSummary:
+    """Run the Agent Q loop; one line per iteration through ``echo``."""
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.glob("policy-*")):
+        raise MCTSError(f"{out} already holds policy-* adapters: choose another --output-dir")
+    lake = Lake.init(cfg.lake)
+    run_id = cfg.run_id or f"mcts-{utc_now().strftime('%Y%m%dT%H%M%S')}"
+    if existing_run(lake, run_id) is not None:
+        raise MCTSError(f"run {run_id!r} already exists in {cfg.lake}: choose another --run-id")
+    record = RunRecord(
+        run_id=run_id, kind="train", mode="mcts", job_type="mcts", env=cfg.env, policy="openai", base_model=cfg.base_model,
+        model=cfg.base_model, config=cfg.to_dict(), command=list(sys.argv), status="running",
+        output_dir=str(out.resolve()), started_at=utc_now(), source_view="dpo_pairs",
+    )
+    upsert_runs(lake, [record])
+    iterations: list[dict[str, Any]] = []
+    served = Served(None, 0)
+    with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
+        for k in range(cfg.iterations):
+            it, served = _iteration(cfg, lake, engine, base_name, run_id, k, served)
+            record = record_iteration(lake, record, cfg, iterations, it, served)
+            echo(_describe(it))
+    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
+
+
+def _iteration(cfg: MCTSConfig, lake: Lake, engine, base_name: str, run_id: str, k: int, served: Served) -> tuple[dict[str, Any], Served]:
+    search_run = f"{run_id}-k{k}"
+    summary = _search(cfg, engine, base_name, served, search_run, cfg.train_seed_start + k * cfg.task_seeds)
+    pairs = _count_pairs(lake, search_run)
+    metrics: dict[str, float] = {
+        "policy_version": served.version, "trees": summary.trees_written, "solved_rate/search": summary.solved / max(summary.trees_written, 1),
+        "nodes": summary.nodes, "unreproducible_nodes": summary.unreproducible, "env_steps": summary.env_steps, "pairs": pairs,
+    }
+    it: dict[str, Any] = {"iteration": k, "search_run": search_run, "sampled_version": served.version, "update": "skipped: no pairs"}
+    if pairs:
+        new, train = _update(cfg, search_run, served, run_id)
+        it.update(adapter=new.path, train_run=train["run_id"], lineage=train["lineage"], update="trained")
+        metrics.update(train["metrics"])
+        swap = engine.swap_adapter(new.name, new.path, retire=served.name)
+        metrics["reload_seconds"] = swap.seconds
+        it["reload"] = swap.message
+        if swap.loaded:
+            served = new
+    it["served_after"] = {"name": served.name, "version": served.version, "path": served.path}
+    it["metrics"] = {name: float(v) for name, v in metrics.items() if v is not None}
+    return it, served
+
+
+def _search(cfg: MCTSConfig, engine, base_name: str, served: Served, run_id: str, task_seed: int):
+    from halo_agent.search import SearchConfig, run_search
+
+    critic_url = engine.base_url if cfg.critic not in ("progress", "policy") else None
+    return run_search(SearchConfig(
+        env=cfg.env, tasks=list(cfg.tasks), policy="openai", model=base_name, adapter=served.name,
+        policy_version=str(served.version), policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens},
+        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=cfg.task_seeds,
+        simulations=cfg.simulations, expansions=cfg.expansions, c_exp=cfg.c_exp, alpha=cfg.alpha, max_depth=cfg.max_depth,
+        critic=cfg.critic, critic_base_url=critic_url, theta=cfg.theta, widen=cfg.widen, lake=cfg.lake, run_id=run_id,
+        progress=cfg.progress, command="halo-train mcts",
+    ))
+
+
+def _count_pairs(lake: Lake, search_run: str) -> int:
+    table = lake.query_arrow("select count(*) from dpo_pairs where source = 'mcts' and run_id = $r", {"r": search_run})
+    return int(table.column(0)[0].as_py() or 0)
+
+
+def _update(cfg: MCTSConfig, search_run: str, served: Served, run_id: str) -> tuple[Served, dict[str, Any]]:
+    """DPO of the served adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete)."""
+    from halo_train.dpo import train_dpo
+
+    version = served.version + 1
+    staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
+    result = train_dpo(DPOConfig(
+        lake=cfg.lake, base_model=cfg.base_model, init_adapter=served.path, output_dir=str(staging),
+        run_id=f"{run_id}-u{version}", source="mcts", where=f"run_id = '{search_run}'", max_steps=cfg.train_steps,
+        lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
+    ))
+    final = Path(cfg.output_dir) / f"policy-{version}"
+    (staging / "final").rename(final)
+    shutil.rmtree(staging, ignore_errors=True)
+    metrics = {m: result.metrics[m] for m in ("loss", "rewards/margins", "rewards/accuracies") if m in result.metrics}
+    return Served(f"policy-{version}", version, str(final.resolve())), {"run_id": result.run_id, "lineage": result.lineage, "metrics": metrics}
+
+
+def _describe(it: dict[str, Any]) -> str:
+    m = it["metrics"]
+    text = (f"iteration {it['iteration']}: searched with v{it['sampled_version']}: {int(m['trees'])} trees, "
+            f"{m['solved_rate/search']:.0%} solved, {int(m['nodes'])} nodes ({int(m['unreproducible_nodes'])} unreproducible), "
+            f"{int(m['pairs'])} pairs")
+    if it["update"] != "trained":
+        return text + f"; no update ({it['update']})"
+    text += f"; DPO -> {Path(it['adapter']).name}"
+    return text + (f", reload {m['reload_seconds']:.2f} s" if it["served_after"]["path"] == it["adapter"] else f"; {it['reload']}")

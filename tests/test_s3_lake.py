@@ -1,0 +1,206 @@
+"""The lake on object storage: a real S3 endpoint (moto's server) on 127.0.0.1, started and stopped here.
+
+Credentials come from the usual AWS variables only; the tests check that none of them reaches any
+object in the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from halo_data import ids
+from halo_data.cli import main
+from halo_data.lake import Lake, LakeError
+from halo_data.runs import RunRecord, upsert_runs
+
+SECRET = "halo/test+Secret0123456789abcdefghijklmnop"
+KEY_ID = "AKIAHALOTESTKEY00001"
+TASK = "miniwob.click-button"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on loopback for this module; stopped (and its stdout closed) after it."""
+    moto = Path(sys.executable).with_name("moto_server")
+    port = _free_port()
+    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on {url}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def s3_lake(s3_endpoint, monkeypatch):
+    """An ``s3://`` lake root in a fresh bucket, with credentials and conditional puts in the environment."""
+    import boto3
+
+    for k, v in {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"halo-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/lake"
+
+
+def bucket_objects(root: str) -> dict[str, bytes]:
+    import boto3
+
+    bucket = root.split("/")[2]
+    s3 = boto3.client("s3")
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
+    return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def assert_no_credentials(root: str) -> None:
+    objects = bucket_objects(root)
+    assert objects
+    for key, body in objects.items():
+        for secret in (SECRET, KEY_ID):
+            assert secret.encode() not in body, f"{secret} stored in {key}"
+
+
+def write_episodes(lake: Lake, run_id: str, attempts: range) -> None:
+    from halo_data.writer import EpisodeWriter
+
+    with EpisodeWriter(lake, flush_episodes=2) as writer:
+        for a in attempts:
+            writer.write_episode({"run_id": run_id, "env": "miniwob", "task_id": TASK, "task_seed": 0, "attempt_idx": a,
+                                  "success": a % 2 == 0},
+                                 [{"prompt": f"[{a}.{i}]", "model_output": "click('1')"} for i in range(3)])
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_init_query_compact_and_time_travel_through_the_cli(s3_lake):
+    assert cli("init", s3_lake) == f"lake ready at {s3_lake} (format version 1)\n"
+    lake = Lake.open(s3_lake)
+    write_episodes(lake, "r1", range(0, 4))
+    first = lake.table("steps").version()
+    write_episodes(lake, "r1", range(4, 6))
+    # a key id in a lake URI of the command line is redacted like any other key
+    upsert_runs(lake, [RunRecord(run_id="r1", kind="rollout", command=["halo-agent", "rollout", "--lake", f"s3://{KEY_ID}:x@b/l"])])
+
+    out = cli("query", "--lake", s3_lake, "--json", "select count(*) as n, count(distinct episode_id) as e from episodes")
+    assert json.loads(out) == [{"n": 6, "e": 6}]
+    out = cli("query", "--lake", s3_lake, "--json", "--as-of", str(first), "select count(*) as e from episodes")
+    assert json.loads(out) == [{"e": 4}]
+    # the views run over the S3 snapshot as over a local one
+    ranked = json.loads(cli("query", "--lake", s3_lake, "--json", "select count(*) as n from progress_ranking"))
+    assert ranked == [{"n": 6}]
+
+    files_before = len(lake.files("steps"))
+    assert "steps: " in cli("compact", "--lake", s3_lake)
+    assert files_before > 1 and len(lake.files("steps")) == 1
+    # compaction is a new version: the old snapshot stays readable, and reads the same rows
+    out = cli("query", "--lake", s3_lake, "--json", "--as-of", str(first), "select count(*) as e from episodes")
+    assert json.loads(out) == [{"e": 4}]
+    assert lake.query_arrow("select count(*) as n from steps").to_pylist() == [{"n": 18}]
+    assert_no_credentials(s3_lake)
+
+
+def test_writing_without_safe_commits_fails_with_one_line_and_writes_nothing(s3_lake, monkeypatch):
+    monkeypatch.delenv("AWS_CONDITIONAL_PUT")
+    result = CliRunner().invoke(main, ["init", s3_lake])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {s3_lake}: writers to an S3 lake need safe commits: export AWS_CONDITIONAL_PUT=etag "
+        "(S3, MinIO, R2), or AWS_S3_LOCKING_PROVIDER=dynamodb with DELTA_DYNAMO_TABLE_NAME\n"
+    )
+    assert bucket_objects(s3_lake) == {}
+    # an existing lake opened without them reads, and refuses to append
+    monkeypatch.setenv("AWS_CONDITIONAL_PUT", "etag")
+    write_episodes(Lake.init(s3_lake), "r1", range(2))
+    monkeypatch.delenv("AWS_CONDITIONAL_PUT")
+    lake = Lake.open(s3_lake)
+    assert lake.query_arrow("select count(*) as n from episodes").to_pylist() == [{"n": 2}]
+    with pytest.raises(LakeError, match="need safe commits"):
+        write_episodes(lake, "r1", range(2, 3))
+    with pytest.raises(LakeError, match="need safe commits"):
+        lake.upsert_runs([{"run_id": "r1", "kind": "rollout"}])
+    assert lake.query_arrow("select count(*) as n from episodes").to_pylist() == [{"n": 2}]
+
+
+WRITERS, PER_WRITER = 4, 6
+
+
+def append_to_s3(root: str, writer_idx: int, start) -> None:
+    start.wait(60)
+    write_episodes(Lake.open(root), f"w{writer_idx}", range(PER_WRITER))
+
+
+def test_four_spawned_writers_lose_and_duplicate_nothing(s3_lake, race_processes):
+    lake = Lake.init(s3_lake)
+    assert race_processes(append_to_s3, s3_lake, WRITERS) == [0] * WRITERS
+    got = lake.query_arrow("""select count(*) as steps, count(distinct (episode_id, step_idx)) as distinct_steps,
+                                     count(distinct episode_id) as episodes from steps""").to_pylist()
+    assert got == [{"steps": WRITERS * PER_WRITER * 3, "distinct_steps": WRITERS * PER_WRITER * 3,
+                    "episodes": WRITERS * PER_WRITER}]
+    expected = {ids.episode_id(f"w{w}", TASK, 0, a) for w in range(WRITERS) for a in range(PER_WRITER)}
+    assert {r["episode_id"] for r in lake.query_arrow("select distinct episode_id from steps").to_pylist()} == expected
+    # one commit per flush of 2 episodes, none lost to another writer's
+    assert lake.table("steps").version() == WRITERS * PER_WRITER // 2
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_miniwob_rollout_lands_in_the_s3_lake_without_credentials(s3_lake):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    args = [sys.executable, "-m", "halo_agent.cli", "rollout", "--env", "miniwob", "--tasks", "click-button",
+            "--rollouts-per-task", "2", "--max-steps", "3", "--seed", "1", "--lake", s3_lake, "--run-id", "s3-run"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lake = Lake.open(s3_lake)
+    episodes = lake.query_arrow("select episode_id, attempt_idx from episodes order by attempt_idx").to_pylist()
+    assert [e["attempt_idx"] for e in episodes] == [0, 1]
+    assert lake.query_arrow("select count(*) as n from steps s join screenshots on s.screenshot_hash = hash "
+                            "where s.run_id = 's3-run'").column(0)[0].as_py() > 0
+    run = lake.query_arrow("select status, planned_episodes from runs where run_id = 's3-run'").to_pylist()
+    assert run == [{"status": "finished", "planned_episodes": 2}]
+    assert_no_credentials(s3_lake)
+
+
+def test_cursors_of_a_connection_read_the_s3_tables_as_the_dashboard_does(s3_lake):
+    """The dashboard queries through one cursor per thread; an S3 lake's tables are Arrow datasets registered per
+    connection, so each cursor registers them too."""
+    from halo_data.reader import cursor
+
+    lake = Lake.init(s3_lake)
+    write_episodes(lake, "r1", range(3))
+    con = lake.connect()
+    cur = cursor(con)
+    assert cur.execute("select count(*) from episodes").fetchall() == [(3,)]
+    assert cur.execute("select count(*) from steps").fetchall() == [(9,)]
