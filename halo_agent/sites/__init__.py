@@ -33,7 +33,9 @@ SITES_DIR = Path(__file__).resolve().parent
 TASKS_DIR = SITES_DIR / "tasks"
 LOCAL_TASK_VERSION = "halo-local"
 DEFAULT_PORT = 8377
-SITES = ("gomail",)
+# Each clone's default address, the one its tasks in ``tasks/`` point at.
+DEFAULT_PORTS = {"gomail": DEFAULT_PORT, "omnizon": 8378, "gocalendar": 8379}
+SITES = tuple(DEFAULT_PORTS)
 
 # The contract's endpoints, served by static pages whose scripts do the work in the browser.
 _ROUTES = {"/": "index.html", "/config": "config.html", "/finish": "finish.html", "/submit": "finish.html"}
@@ -54,6 +56,9 @@ def _handler_for(root: Path) -> type[http.server.BaseHTTPRequestHandler]:
             # agisdk joins "<start url>" + "/config"; a start URL ending in "/" gives "//config".
             path = "/" + path.lstrip("/")
             name = _ROUTES.get(path.rstrip("/") or "/", path.lstrip("/"))
+            if "." not in name.rsplit("/", 1)[-1]:
+                # A page of the clone's own routing (/search?q=.., /product/212, /cart): its one page answers it.
+                name = "index.html"
             file = (root / name).resolve()
             if root not in file.parents or not file.is_file():
                 self.send_error(404, "Not found")
