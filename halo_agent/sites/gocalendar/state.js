@@ -201,7 +201,7 @@ function seedEvents() {
     ["Dinner with Friends", "2024-07-17", "19:00", "21:00", "Personal", "Nopa, 560 Divisadero St", "With Maya, Leo and Sam."],
     ["Reading Time", "2024-07-17", "22:00", "23:00", "Personal", "", "Finish the book club novel."],
     ["Morning Coffee with Sister", "2024-07-18", "09:00", "10:00", "Family", "Blue Bottle Coffee", ""],
-    ["Team Check-In", "2024-07-18", "11:00", "11:30", "Work", "Zoom", "", {hasMeeting: true}],
+    ["Team Check-In", "2024-07-18", "11:00", "11:30", "Work", "Conference Room A", "", {hasMeeting: true}],
     ["Customer Feedback Session", "2024-07-18", "15:00", "16:00", "Work", "Conference Room B", ""],
     ["Breakfast Meeting with Client", "2024-07-19", "10:00", "11:00", "Work", "The Grove Cafe", ""],
     ["Lunch with Marketing Team", "2024-07-19", "12:30", "13:30", "Work", "Cafeteria", ""],
