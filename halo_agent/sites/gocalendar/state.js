@@ -110,7 +110,7 @@ function formatTime(minutes) {  // "7:45 PM"
   return ((h + 11) % 12 + 1) + ":" + String(mm).padStart(2, "0") + " " + (h < 12 ? "AM" : "PM");
 }
 
-// "2024-07-17", "07/17/2024", "7/17", "Jul 17, 2024", "Wednesday, July 17", "17 July 2024",
+// "2024-07-17", "2024/07/17", "07/17/2024", "7/17", "Jul 17, 2024", "Wednesday, July 17", "17 July 2024",
 // "today", "tomorrow", "Wednesday" (the next one, today included) -> "YYYY-MM-DD" or null.
 function parseDate(text, today) {
   today = today || TODAY;
@@ -120,7 +120,7 @@ function parseDate(text, today) {
   if (s === "tomorrow") return addDays(today, 1);
   const thisYear = splitDate(today).y;
   let y, m, d, hit;
-  if ((hit = s.match(/^(\d{4})-(\d{1,2})-(\d{1,2})$/))) {
+  if ((hit = s.match(/^(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})$/))) {
     [y, m, d] = [+hit[1], +hit[2], +hit[3]];
   } else if ((hit = s.match(/^(\d{1,2})\/(\d{1,2})(?:\/(\d{2}|\d{4}))?$/))) {
     [m, d, y] = [+hit[1], +hit[2], hit[3] ? +hit[3] : thisYear];
