@@ -132,7 +132,9 @@ CASES = {
                             create("Pick up sister", "Wednesday", "11 am")[:-1], check_partial=pickup_draft),  # not saved
     "v2.gocalendar-8": Case(create("Send an email to Ashley", "Monday", "9:00 AM"),
                             create("Send an email to Ashley", "Monday", "3:00 PM")),  # afternoon
-    "v2.gocalendar-10": Case(delete(DINNER_FRIENDS), delete("Dinner with Parents, 6:30 PM – 8:30 PM, Saturday, July 20"),
+    # Wrong: Saturday's Dinner with Parents deleted (opened while Wednesday's dinner was still open).
+    "v2.gocalendar-10": Case(delete(DINNER_FRIENDS),
+                             [click("button", DINNER_FRIENDS)] + delete("Dinner with Parents, 6:30 PM – 8:30 PM, Saturday, July 20"),
                              check_solved=only_deleted("ev-9", "Dinner with Friends")),
     # eval_gocalendar_11.py is empty: agisdk never reads SUCCESS from it.
     "v2.gocalendar-11": Case(create("Basketball game", start_time="7pm", location="San Francisco"),
