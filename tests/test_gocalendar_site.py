@@ -7,7 +7,7 @@ empty eval script, so nothing scores it above 0.0). The checks in
 ``halo_agent/sites/expectations/gocalendar.yaml`` all hold on each solution's state, and some but
 not all of them on each partial run's. Three tasks also run whole episodes through ``RealEnv``
 with BrowserGym actions, where HALO's GoCalendar progress milestones (rewards.yaml) fire, and a
-no-op episode scores 0.0.
+wrong one (Monday's Project Sync deleted instead of Wednesday's) scores 0.0.
 """
 
 from __future__ import annotations
@@ -243,6 +243,16 @@ def test_v2_task_scored_by_its_eval_script_and_expectations(calendar_page, site,
 
 
 @pytest.mark.browser
+def test_a_fresh_calendar_has_no_differences(calendar_page, site):
+    fresh = play(calendar_page, site, "v2.gocalendar-4", [])
+    assert fresh["taskId"] == "v2.gocalendar-4"
+    assert fresh["differences"]["events"] == {"added": {}, "updated": {}, "deleted": {}}
+    assert fresh["ui"] == {"snackbar": "", "editorOpened": False, "openedEvents": [], "draft": None}
+    for task_id in CASES:
+        assert agisdk_score(task_id, fresh) == 0.0 and not any(expectation_results(task_id, fresh)), task_id
+
+
+@pytest.mark.browser
 def test_v1_tasks_edit_delete_create_by_their_jmespath_evals(calendar_page, site):
     """The v1 GoCalendar tasks' JMESPath evals read ``eventsDiff``; the edit path changes only the edited fields."""
     edit = [click("button", "Team Check-In, 11:00 AM – 11:30 AM, Thursday, July 18"), click("button", "Edit event"),
@@ -292,7 +302,7 @@ def run_episode(env: RealEnv, task_id: str, steps: list, answer: str = "Done."):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_real_env_episodes_score_and_reach_the_milestones(site):
-    """Three v2 tasks solved in whole RealEnv episodes (agisdk's BrowserEnv, BrowserGym actions), and a no-op."""
+    """Three v2 tasks solved in whole RealEnv episodes (agisdk's BrowserEnv, BrowserGym actions), and a wrong one."""
     env = RealEnv(site_urls={"gocalendar": site.url}, screenshot=False)
     try:
         # Create: every GoCalendar milestone, each at its step (Create, Title, Start date, Save + "Event created").
@@ -303,24 +313,18 @@ def test_real_env_episodes_score_and_reach_the_milestones(site):
         assert progress == 1.0 and "Event created" in final.page.axtree
         assert all(expectation_results(task_id, final.info["env_state"]))
 
-        # The same task answered without doing anything: /config gave a fresh calendar, nothing changed, 0.
-        final, reached, progress = run_episode(env, task_id, [])
-        fresh = final.info["env_state"]
-        assert final.reward == 0.0 and progress == 0.0 and fresh["taskId"] == task_id
-        assert fresh["differences"]["events"] == {"added": {}, "updated": {}, "deleted": {}}
-        assert fresh["ui"] == {"snackbar": "", "editorOpened": False, "openedEvents": [], "draft": None}
-        assert not any(expectation_results(task_id, fresh))
-
-        # A repeating event with a location: the Repeat combobox through select_option.
-        task_id = "v2.gocalendar-4"
-        final, reached, progress = run_episode(env, task_id, CASES[task_id].solution)
-        assert final.reward == 1.0 and progress == 1.0
-        gym_weekdays(final.info["env_state"])
-
-        # Delete: Wednesday's Project Sync, not Monday's.
-        task_id = "v2.gocalendar-23"
+        task_id = "v2.gocalendar-10"
         final, _, _ = run_episode(env, task_id, CASES[task_id].solution)
         assert final.reward == 1.0 and "Event deleted" in final.page.axtree
+        only_deleted("ev-9", "Dinner with Friends")(final.info["env_state"])
+
+        # Wednesday's Project Sync is right, Monday's is wrong.
+        task_id = "v2.gocalendar-23"
+        final, _, _ = run_episode(env, task_id, CASES[task_id].solution)
+        assert final.reward == 1.0
         only_deleted("ev-8", "Project Sync")(final.info["env_state"])
+        final, _, _ = run_episode(env, task_id, CASES[task_id].partial)
+        assert final.reward == 0.0
+        only_deleted("ev-2", "Project Sync")(final.info["env_state"])
     finally:
         env.close()
