@@ -75,6 +75,7 @@ READING = "Reading Time, 10:00 PM – 11:00 PM, Wednesday, July 17"
 COFFEE_SISTER = "Morning Coffee with Sister, 9:00 AM – 10:00 AM, Thursday, July 18"
 SYNC_WEDNESDAY = "Project Sync, 2:00 PM – 3:00 PM, Wednesday, July 17"
 SYNC_MONDAY = "Project Sync, 2:00 PM – 3:00 PM, Monday, July 15"
+DINNER_PARENTS = "Dinner with Parents, 6:30 PM – 8:30 PM, Saturday, July 20"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +98,8 @@ def gym_weekdays(state: dict) -> None:
     event = only_added(state)
     # Friday, September 20, 2024, 7:45-8:45 PM Pacific (UTC-7), every weekday from then on.
     assert (event["start"], event["end"], event["allDay"]) == ("2024-09-21T02:45:00.000Z", "2024-09-21T03:45:00.000Z", False)
-    assert (event["title"], event["location"], event["recurrence"]) == ("Work out at the gym", "Gym", "RRULE:FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR")
+    assert (event["title"], event["location"]) == ("Work out at the gym", "Gym")
+    assert event["recurrence"] == "RRULE:FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR"
 
 
 def math_camp(state: dict) -> None:
@@ -134,7 +136,7 @@ CASES = {
                             create("Send an email to Ashley", "Monday", "3:00 PM")),  # afternoon
     # Wrong: Saturday's Dinner with Parents deleted (opened while Wednesday's dinner was still open).
     "v2.gocalendar-10": Case(delete(DINNER_FRIENDS),
-                             [click("button", DINNER_FRIENDS)] + delete("Dinner with Parents, 6:30 PM – 8:30 PM, Saturday, July 20"),
+                             [click("button", DINNER_FRIENDS)] + delete(DINNER_PARENTS),
                              check_solved=only_deleted("ev-9", "Dinner with Friends")),
     # eval_gocalendar_11.py is empty: agisdk never reads SUCCESS from it.
     "v2.gocalendar-11": Case(create("Basketball game", start_time="7pm", location="San Francisco"),
@@ -259,9 +261,11 @@ def test_v1_tasks_edit_delete_create_by_their_jmespath_evals(calendar_page, site
             fill("Title", "Project Kickoff"), fill("Location", "Zoom"), click("button", "Save")]
     state = play(calendar_page, site, "v1.gocalendar-4", edit)
     assert agisdk_score("v1.gocalendar-4", state) == 1.0
-    assert state["initialfinaldiff"]["updated"]["calendar"]["events"] == {"ev-12": {"title": "Project Kickoff", "location": "Zoom"}}
+    changed = state["initialfinaldiff"]["updated"]["calendar"]["events"]
+    assert changed == {"ev-12": {"title": "Project Kickoff", "location": "Zoom"}}
     assert state["ui"]["snackbar"] == "Event saved"
-    assert agisdk_score("v1.gocalendar-4", play(calendar_page, site, "v1.gocalendar-4", edit[:2] + [click("button", "Cancel")])) == 0.0
+    cancelled = play(calendar_page, site, "v1.gocalendar-4", edit[:2] + [click("button", "Cancel")])
+    assert agisdk_score("v1.gocalendar-4", cancelled) == 0.0 and cancelled["differences"]["events"]["updated"] == {}
 
     breakfast = delete("Breakfast Meeting with Client, 10:00 AM – 11:00 AM, Friday, July 19")
     assert agisdk_score("v1.gocalendar-3", play(calendar_page, site, "v1.gocalendar-3", breakfast)) == 1.0
@@ -290,7 +294,8 @@ def run_episode(env: RealEnv, task_id: str, steps: list, answer: str = "Done."):
         outcome = env.step(action)
         assert outcome.action_error is None, outcome.action_error
         assert not outcome.terminated and outcome.reward == 0.0
-        step = rewards.step(state_hash=page.axtree, action=action, action_valid=True, target=element_for_action(action, page.elements),
+        step = rewards.step(state_hash=page.axtree, action=action, action_valid=True,
+                            target=element_for_action(action, page.elements),
                             url_after=outcome.page.url, page_after=outcome.page.axtree, state_hash_after=outcome.page.axtree)
         reached.append(step.milestones)
         page = outcome.page
@@ -307,7 +312,8 @@ def test_real_env_episodes_score_and_reach_the_milestones(site):
     try:
         # Create: every GoCalendar milestone, each at its step (Create, Title, Start date, Save + "Event created").
         task_id = "v2.gocalendar-6"
-        final, reached, progress = run_episode(env, task_id, CASES[task_id].solution, "I added 'Pick up sister' on Wednesday at 11 AM.")
+        answer = "I added 'Pick up sister' on Wednesday at 11 AM."
+        final, reached, progress = run_episode(env, task_id, CASES[task_id].solution, answer)
         assert final.reward == 1.0 and final.raw_reward == 1.0
         assert reached == [["create_clicked"], ["title_filled"], ["datetime_set"], [], ["save_clicked", "event_created"]]
         assert progress == 1.0 and "Event created" in final.page.axtree
