@@ -507,7 +507,7 @@ function placeOrder() {
   if (payment.problem) { d.problem = payment.problem; render(); return; }
   const totals = orderTotals(items, d.delivery);
   update(s => {
-    const n = s.nextOrder++;
+    const n = state.nextOrder++;  // the store's root, just re-read by update()
     const order = {
       orderNumber: `112-${String(4830000 + n * 7919).padStart(7, "0")}-${String(1000000 + n * 104729 % 8999999).padStart(7, "0")}`,
       date: new Date().toISOString(),
