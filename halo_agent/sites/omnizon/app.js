@@ -254,7 +254,9 @@ function renderSearch(content, params) {
   const f = app().filter;
   if (f.searchQuery !== filter.searchQuery || f.category !== filter.category || f.minPrice !== filter.minPrice
       || f.maxPrice !== filter.maxPrice || f.sortBy !== filter.sortBy) {
-    update(s => Object.assign(s.filter, filter));
+    // A search reached by its URL (a link, back/forward, typed) shows its words in the search box too.
+    const typed = f.searchQuery !== filter.searchQuery ? {searchInputValue: filter.searchQuery} : {};
+    update(s => Object.assign(s.filter, filter, typed));
   }
   renderHeader();
   const results = searchResults(app().filter);
