@@ -167,7 +167,11 @@ def browser():
 @pytest.fixture(scope="module")
 def eval_tmpdir(tmp_path_factory):
     """agisdk writes the /finish JSON to a temp file for the eval script, and eval_omnizon_28.py also
-    reads every .json/.txt beside it: give the scripts a folder of their own."""
+    reads every .json/.txt beside it: give the scripts a folder of their own. agisdk's console
+    (the whole state diff per evaluation) goes to logging, as in rollouts."""
+    from halo_agent.envs.real import route_agisdk_console_to_logging
+
+    route_agisdk_console_to_logging()
     saved = tempfile.tempdir
     tempfile.tempdir = str(tmp_path_factory.mktemp("evals"))
     yield Path(tempfile.tempdir)
@@ -313,9 +317,6 @@ def test_expectations_cover_every_v2_omnizon_task_with_valid_queries(expectation
 @pytest.mark.slow
 @pytest.mark.parametrize("task", V2_TASKS)
 def test_v2_task_scripted_solution_scores_1_wrong_and_partial_0(task, omnizon_site, browser, eval_tmpdir, expectations):
-    from halo_agent.envs.real import route_agisdk_console_to_logging
-
-    route_agisdk_console_to_logging()
     ops = SOLUTIONS[task]
     assert ops[-1] == PLACE_ORDER
     solved = run_ops(browser, omnizon_site.url, task, ops, finish_before=(0, len(ops) - 1))
@@ -358,12 +359,7 @@ def _episode(env, task: str, ops: list[Op], answer: str):
     rewards = EpisodeRewards(RewardConfig.load(), page.extra["site"], start_url=page.url)
     reached = []
     for op in ops:
-        element = None
-        for candidate in page.elements:
-            if candidate.role == op.role and (op.name.search(candidate.name) if isinstance(op.name, re.Pattern) else candidate.name == op.name):
-                element = candidate
-                break
-        assert element is not None, f"no {op.role} {op.name!r} on {page.url}"
+        element = _element(page, op)
         outcome = env.step(op.action(element.bid))
         if outcome.action_error and "Timeout" in outcome.action_error:  # see _act
             outcome = env.step(op.action(element.bid))
