@@ -85,58 +85,60 @@ def price_range(low: str, high: str) -> list[Op]:
 
 
 POT = "T-fal Stainless Steel Cooking Pot, 8 Quart Stockpot with Lid"
+TEAPOT = "Hiware Glass Teapot with Removable Infuser, 1000ml"
 APRON = "HIHIMAN Adjustable Cooking Apron with 2 Pockets, Black"
+BALLS = "Sports Balls Pack: Soccer Ball, Basketball, Football and Volleyball (4-Pack) with Pump"
+BASKETBALL = "Spalding React TF-250 Indoor-Outdoor Basketball, Size 7"
+PILLOW = "Contour Memory Foam Cervical Neck Pillow for Neck Pain Relief"
 DUALSENSE = "PlayStation DualSense Wireless Controller for PS5, Midnight Black"
+XBOX = "Xbox Core Wireless Gaming Controller, Carbon Black"
+PS5 = "PlayStation 5 Console, Slim Disc Edition"
+SILVERWARE = "Stainless Steel Silverware Set, 20-Piece Flatware Set for 4"
+KNIVES = "Henckels 15-Piece Knife Block Set"
 DESK_40 = "SHW 40-Inch Home Office Computer Desk, Espresso"
+DESK_55 = "Bestier 55 Inch Gaming Desk with LED Lights and Monitor Shelf"
 CHAIR = "Hbada Ergonomic Office Chair with Lumbar Support, Black"
+HEADPHONES_90 = "Sony WH-CH720N Noise Canceling Wireless Headphones, Bluetooth Over-Ear"
+HEADPHONES_449 = "Apple AirPods Max Wireless Over-Ear Headphones, Space Gray"
 BED_QUEEN = "ZINUS Shawn Metal Platform Bed Frame, Queen"
 
 # A correct solution of each task: the last op places the order, so the ops before it are a partial run.
 SOLUTIONS: dict[str, list[Op]] = {
     "omnizon-13": [*search("cooking pot"), *open_product(POT), ADD_TO_CART, OPEN_CART, PROCEED, PLACE_ORDER],
-    "omnizon-15": [*search("sports balls"),
-                   *open_product("Sports Balls Pack: Soccer Ball, Basketball, Football and Volleyball (4-Pack) with Pump"),
-                   BUY_NOW, PLACE_ORDER],
-    "omnizon-17": [*search("neck pillow"), *open_product("Contour Memory Foam Cervical Neck Pillow for Neck Pain Relief"),
-                   BUY_NOW, PLACE_ORDER],
+    "omnizon-15": [*search("sports balls"), *open_product(BALLS), BUY_NOW, PLACE_ORDER],
+    "omnizon-17": [*search("neck pillow"), *open_product(PILLOW), BUY_NOW, PLACE_ORDER],
     "omnizon-24": [*search("ps5 controller"), *open_product(DUALSENSE), quantity(2), BUY_NOW, PLACE_ORDER],
     "omnizon-25": [*search("apron"), add_from_results(APRON), *search("cooking pot"), add_from_results(POT),
                    OPEN_CART, PROCEED, PLACE_ORDER],
-    "omnizon-28": [*search("silverware set"),
-                   *open_product("Stainless Steel Silverware Set, 20-Piece Flatware Set for 4"),
-                   ADD_TO_CART, OPEN_CART, PROCEED, PLACE_ORDER],
+    "omnizon-28": [*search("silverware set"), *open_product(SILVERWARE), ADD_TO_CART, OPEN_CART, PROCEED, PLACE_ORDER],
     "omnizon-29": [*search("40 inch desk"), add_from_results(DESK_40), *search("office chair"), add_from_results(CHAIR),
                    OPEN_CART, PROCEED, PLACE_ORDER],
-    "omnizon-3": [*search("headphones"), *price_range("24", "100"),
-                  *open_product("Sony WH-CH720N Noise Canceling Wireless Headphones, Bluetooth Over-Ear"), BUY_NOW, PLACE_ORDER],
+    "omnizon-3": [*search("headphones"), *price_range("24", "100"), *open_product(HEADPHONES_90), BUY_NOW, PLACE_ORDER],
     "omnizon-30": [*search("queen bed frame"), *open_product(BED_QUEEN), BUY_NOW, PLACE_ORDER],
-    "omnizon-9": [*search("gaming controller"), *price_range("", "100"),
-                  *open_product("Xbox Core Wireless Gaming Controller, Carbon Black"), BUY_NOW, PLACE_ORDER],
+    "omnizon-9": [*search("gaming controller"), *price_range("", "100"), *open_product(XBOX), BUY_NOW, PLACE_ORDER],
 }
 
 # A plausible mistake per task, which its eval script must fail.
 WRONG: dict[str, list[Op]] = {
-    "omnizon-13": [*search("pot"), *open_product("Hiware Glass Teapot with Removable Infuser, 1000ml"), BUY_NOW, PLACE_ORDER],
-    "omnizon-15": [*search("basketball"), *open_product("Spalding React TF-250 Indoor-Outdoor Basketball, Size 7"), BUY_NOW, PLACE_ORDER],
-    "omnizon-17": [*search("neck pillow"), *open_product("Contour Memory Foam Cervical Neck Pillow for Neck Pain Relief"),
-                   quantity(2), BUY_NOW, PLACE_ORDER],  # two, not one
+    "omnizon-13": [*search("pot"), *open_product(TEAPOT), BUY_NOW, PLACE_ORDER],
+    "omnizon-15": [*search("basketball"), *open_product(BASKETBALL), BUY_NOW, PLACE_ORDER],  # one ball, not the pack
+    "omnizon-17": [*search("neck pillow"), *open_product(PILLOW), quantity(2), BUY_NOW, PLACE_ORDER],  # two, not one
     "omnizon-24": [*search("ps5 controller"), *open_product(DUALSENSE), BUY_NOW, PLACE_ORDER],  # one, not two
     "omnizon-25": [*search("cooking pot"), *open_product(POT), BUY_NOW, PLACE_ORDER],  # no apron
-    "omnizon-28": [*search("knife set"), *open_product("Henckels 15-Piece Knife Block Set"), BUY_NOW, PLACE_ORDER],
-    "omnizon-29": [*search("gaming desk"), add_from_results("Bestier 55 Inch Gaming Desk with LED Lights and Monitor Shelf"),
-                   *search("office chair"), add_from_results(CHAIR), OPEN_CART, PROCEED, PLACE_ORDER],
-    "omnizon-3": [*search("headphones"), *open_product("Apple AirPods Max Wireless Over-Ear Headphones, Space Gray"),
-                  BUY_NOW, PLACE_ORDER],  # above $100
+    "omnizon-28": [*search("knife set"), *open_product(KNIVES), BUY_NOW, PLACE_ORDER],
+    "omnizon-29": [*search("gaming desk"), add_from_results(DESK_55), *search("office chair"), add_from_results(CHAIR),
+                   OPEN_CART, PROCEED, PLACE_ORDER],  # a 55-inch desk
+    "omnizon-3": [*search("headphones"), *open_product(HEADPHONES_449), BUY_NOW, PLACE_ORDER],  # above $100
     "omnizon-30": [*search("bed frame"), *open_product(BED_QUEEN), ADD_TO_CART, OPEN_CART],  # never ordered
-    "omnizon-9": [*search("ps5 console"), *open_product("PlayStation 5 Console, Slim Disc Edition"), BUY_NOW, PLACE_ORDER],
+    "omnizon-9": [*search("ps5 console"), *open_product(PS5), BUY_NOW, PLACE_ORDER],  # $499, no "gaming" search
 }
-
-ALL_MILESTONES = {"search_results", "product_page", "added_to_cart", "cart_opened", "checkout"}
 
 
 def expected_milestones(ops: list[Op]) -> set[str]:
     """The Omnizon milestones a run of these ops passes through."""
-    reached = {"search_results", "checkout"} if PLACE_ORDER in ops or PROCEED in ops or BUY_NOW in ops else {"search_results"}
+    reached = {"search_results"}
+    if PLACE_ORDER in ops or PROCEED in ops or BUY_NOW in ops:
+        reached.add("checkout")
     if any(op.role == "link" and isinstance(op.name, str) for op in ops):
         reached.add("product_page")
     if any(op.verb == "click" and str(op.name).startswith("Add to Cart") for op in ops):
@@ -188,7 +190,8 @@ def _element(page_state, op: Op):
         name_ok = op.name.search(element.name) if isinstance(op.name, re.Pattern) else element.name == op.name
         if name_ok and element.role == op.role:
             return element
-    raise AssertionError(f"no {op.role} {op.name!r} on {page_state.url}: {[(e.role, e.name) for e in page_state.elements]}")
+    offered = [(e.role, e.name) for e in page_state.elements]
+    raise AssertionError(f"no {op.role} {op.name!r} on {page_state.url}: {offered}")
 
 
 @dataclasses.dataclass
@@ -340,7 +343,8 @@ def test_v2_task_scripted_solution_scores_1_wrong_and_partial_0(task, omnizon_si
 
     # The task's expectations: all hold on the solution, some but not all on the partial run, none untouched.
     checks = expectations[f"v2.{task}"]
-    assert all(holding(checks, solved.finish)), [c["description"] for c, ok in zip(checks, holding(checks, solved.finish)) if not ok]
+    unmet = [c["description"] for c, ok in zip(checks, holding(checks, solved.finish)) if not ok]
+    assert unmet == []
     assert 0 < sum(holding(checks, partial)) < len(checks)
     assert not any(holding(checks, untouched))
 
@@ -364,8 +368,8 @@ def _episode(env, task: str, ops: list[Op], answer: str):
         if outcome.action_error and "Timeout" in outcome.action_error:  # see _act
             outcome = env.step(op.action(element.bid))
         assert outcome.action_error is None and not outcome.terminated and outcome.reward == 0.0, outcome.action_error
-        step = rewards.step(state_hash=page.url + page.axtree, action=op.action(element.bid), action_valid=True, target=element,
-                            url_after=outcome.page.url, page_after=outcome.page.axtree)
+        step = rewards.step(state_hash=page.url + page.axtree, action=op.action(element.bid), action_valid=True,
+                            target=element, url_after=outcome.page.url, page_after=outcome.page.axtree)
         reached += step.milestones
         page = outcome.page
     final = env.step(f"send_msg_to_user({answer!r})")
@@ -381,7 +385,7 @@ def test_realenv_episodes_are_scored_by_the_v2_eval_scripts(omnizon_site, eval_t
 
     env = RealEnv(site_urls={"omnizon": omnizon_site.url}, screenshot=False)
     try:
-        page, final, reached = _episode(env, "omnizon-13", SOLUTIONS["omnizon-13"], "I ordered the T-fal 8 quart cooking pot.")
+        page, final, reached = _episode(env, "omnizon-13", SOLUTIONS["omnizon-13"], "I ordered an 8 quart cooking pot.")
         assert page.url.endswith("/confirmation") and "Order placed, thank you!" in page.axtree
         assert final.reward == 1.0 and final.raw_reward == 1.0
         assert reached == ["search_results", "product_page", "added_to_cart", "cart_opened", "checkout"]
