@@ -3,8 +3,9 @@
 Each of the 10 v2 tasks has a scripted solution, a plausible wrong run and a partial run, all
 driven with BrowserGym action strings (``fill('26', 'cooking pot')``, ``click('31')``) chosen
 from the page's AXTree elements by role and accessible name, as an agent would. All 10 run
-in one headless Chromium (a fresh context per episode, HALO's ``BrowserSession``) and are
-scored by agisdk's ``WebCloneEvaluator`` with the task's ``eval_omnizon_*.py``; a few run
+in one headless Chromium (HALO's ``BrowserSession``; /config resets the shop per episode, as
+agisdk's task set-up does) and are scored by agisdk's ``WebCloneEvaluator`` with the task's
+``eval_omnizon_*.py``; a few run
 whole through ``RealEnv`` (agisdk's ``BrowserEnv``, its /config and /finish handling and its
 scoring), which is what rollouts do. Omnizon's progress milestones (rewards.yaml) are
 checked on the solutions' steps, and the task expectations in
@@ -197,7 +198,7 @@ def _element(page_state, op: Op):
 @dataclasses.dataclass
 class Run:
     finish: dict  # the /finish JSON after the last op
-    before: dict[int, dict]  # the /finish JSON before op i, for the i asked for
+    before: dict[int, dict]  # the state difference before op i, for the i asked for
     milestones: list[list[str]]  # reached at each step
     urls: list[str]  # after each step
 
@@ -218,25 +219,53 @@ def _act(page, runner: ActionRunner, state, op: Op, goal: str):
     return action, element
 
 
-def run_ops(browser, site_url: str, task: str, ops: list[Op], finish_before: tuple[int, ...] = ()) -> Run:
-    """Reset the site for the task as agisdk does (/config in a background page), act, read /finish."""
+@dataclasses.dataclass
+class Shop:
+    """The shop open in one browser context: the agent's page and agisdk's background page for /config and /finish.
+
+    Episodes share it, as the /config contract allows: /config resets the shop's state (the first
+    check of every episode is that /finish then reports no difference), so a fresh context per
+    episode, as agisdk's environment makes, is not needed to start clean.
+    """
+
+    url: str
+    page: object
+    background: object
+
+    def finish(self) -> dict:
+        self.background.goto(f"{self.url}/finish")
+        return json.loads(self.background.locator("pre").inner_text())
+
+    def state_diff(self) -> dict:
+        """What /finish would say now, from the shop's own page (the same stateDiff, without a navigation)."""
+        return self.page.evaluate("() => stateDiff(loadState())")
+
+
+@pytest.fixture(scope="module")
+def shop(browser, omnizon_site):
     page = browser.new_page(VIEWPORT)
-    background = page.context.new_page()
-    background.goto(f"{site_url}/config?run_id=0&task_id=v2.{task}&latency=0")
+    yield Shop(omnizon_site.url, page, page.context.new_page())
+    browser.close_context()
+
+
+_REWARDS: list[RewardConfig] = []
+
+
+def run_ops(shop: Shop, task: str, ops: list[Op], diff_before: tuple[int, ...] = ()) -> Run:
+    """Reset the site for the task as agisdk does (/config in a background page), act, read /finish."""
+    shop.background.goto(f"{shop.url}/config?run_id=0&task_id=v2.{task}&latency=0")
+    page = shop.page
     page.bring_to_front()
-    page.goto(site_url)
-
-    def finish() -> dict:
-        background.goto(f"{site_url}/finish")
-        return json.loads(background.locator("pre").inner_text())
-
+    page.goto(shop.url)
+    if not _REWARDS:
+        _REWARDS.append(RewardConfig.load())  # halo_agent/configs/rewards.yaml
+    rewards = EpisodeRewards(_REWARDS[0], "omnizon", start_url=page.url)
     runner = ActionRunner()
-    rewards = EpisodeRewards(RewardConfig.load(), "omnizon", start_url=page.url)
     state = extract_page_state(page, task, screenshot=False)
     run = Run({}, {}, [], [])
     for i, op in enumerate(ops):
-        if i in finish_before:
-            run.before[i] = finish()
+        if i in diff_before:
+            run.before[i] = shop.state_diff()
         action, element = _act(page, runner, state, op, task)
         after = extract_page_state(page, task, screenshot=False)
         step = rewards.step(state_hash=state.url + state.axtree, action=action, action_valid=True, target=element,
@@ -244,8 +273,7 @@ def run_ops(browser, site_url: str, task: str, ops: list[Op], finish_before: tup
         run.milestones.append(step.milestones)
         run.urls.append(after.url)
         state = after
-    run.finish = finish()
-    browser.close_context()
+    run.finish = shop.finish()
     return run
 
 
@@ -319,10 +347,10 @@ def test_expectations_cover_every_v2_omnizon_task_with_valid_queries(expectation
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.parametrize("task", V2_TASKS)
-def test_v2_task_scripted_solution_scores_1_wrong_and_partial_0(task, omnizon_site, browser, eval_tmpdir, expectations):
+def test_v2_task_scripted_solution_scores_1_wrong_and_partial_0(task, shop, eval_tmpdir, expectations):
     ops = SOLUTIONS[task]
     assert ops[-1] == PLACE_ORDER
-    solved = run_ops(browser, omnizon_site.url, task, ops, finish_before=(0, len(ops) - 1))
+    solved = run_ops(shop, task, ops, diff_before=(0, len(ops) - 1))
     untouched, partial = solved.before[0], solved.before[len(ops) - 1]
 
     # agisdk's evaluator with the task's own script: 1.0 for the solution, 0.0 before the order is placed.
@@ -349,7 +377,7 @@ def test_v2_task_scripted_solution_scores_1_wrong_and_partial_0(task, omnizon_si
     assert not any(holding(checks, untouched))
 
     # A plausible mistake: the script fails it, and so does at least one expectation.
-    wrong = run_ops(browser, omnizon_site.url, task, WRONG[task])
+    wrong = run_ops(shop, task, WRONG[task])
     assert score(task, wrong.finish) == 0.0
     assert not all(holding(checks, wrong.finish))
 
