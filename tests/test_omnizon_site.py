@@ -223,14 +223,15 @@ def _act(page, runner: ActionRunner, state, op: Op, goal: str):
 class Shop:
     """The shop open in one browser context: the agent's page and agisdk's background page for /config and /finish.
 
-    Episodes share it, as the /config contract allows: /config resets the shop's state (the first
-    check of every episode is that /finish then reports no difference), so a fresh context per
-    episode, as agisdk's environment makes, is not needed to start clean.
+    Episodes share it, as the /config contract allows: /config resets the shop's state (each test
+    checks that the shop then reports no difference), so a fresh context per episode, as agisdk's
+    environment makes, is not needed to start clean.
     """
 
     url: str
     page: object
     background: object
+    rewards: RewardConfig  # halo_agent/configs/rewards.yaml
 
     def finish(self) -> dict:
         self.background.goto(f"{self.url}/finish")
@@ -244,11 +245,8 @@ class Shop:
 @pytest.fixture(scope="module")
 def shop(browser, omnizon_site):
     page = browser.new_page(VIEWPORT)
-    yield Shop(omnizon_site.url, page, page.context.new_page())
+    yield Shop(omnizon_site.url, page, page.context.new_page(), RewardConfig.load())
     browser.close_context()
-
-
-_REWARDS: list[RewardConfig] = []
 
 
 def run_ops(shop: Shop, task: str, ops: list[Op], diff_before: tuple[int, ...] = ()) -> Run:
@@ -257,9 +255,7 @@ def run_ops(shop: Shop, task: str, ops: list[Op], diff_before: tuple[int, ...] =
     page = shop.page
     page.bring_to_front()
     page.goto(shop.url)
-    if not _REWARDS:
-        _REWARDS.append(RewardConfig.load())  # halo_agent/configs/rewards.yaml
-    rewards = EpisodeRewards(_REWARDS[0], "omnizon", start_url=page.url)
+    rewards = EpisodeRewards(shop.rewards, "omnizon", start_url=page.url)
     runner = ActionRunner()
     state = extract_page_state(page, task, screenshot=False)
     run = Run({}, {}, [], [])
