@@ -81,7 +81,7 @@ def load_plans(site: str, path: str | None) -> dict[str, dict[str, list[tuple[st
     return plans
 
 
-def run(site: str, tasks: list[str], plans: dict, random_episodes: int, random_steps: int, lake_root: Path) -> list[dict]:
+def run(site: str, tasks: list[str], plans: dict, random_episodes: int, random_steps: int, lake_root: Path):
     from halo_agent.policies.random_policy import RandomPolicy
     from halo_agent.policies.scripted_policy import ScriptedPolicy
     from halo_agent.rollout import RolloutConfig, plan_episodes, resolve_tasks
@@ -108,16 +108,17 @@ def run(site: str, tasks: list[str], plans: dict, random_episodes: int, random_s
                     episodes(f"scripted-{kind}", ScriptedPolicy(plan, policy_version=f"scripted-{kind}"), 1, len(plan))
             episodes("random", RandomPolicy(seed=0), random_episodes, random_steps)
             print(f"{task}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    rows = lake.query_arrow(EPISODES_SQL).to_pylist()
-    cost = lake.query_arrow(COST_SQL).to_pylist()
-    return rows, cost
+    return lake
 
 
 def _f(x, digits=2) -> str:
     return "NULL" if x is None else f"{x:.{digits}f}"
 
 
-def report(rows: list[dict], cost: list[dict]) -> str:
+def report(lake) -> str:
+    """The table, what each progress says of the partial solution against the random episodes, and the cost of reading /finish."""
+    rows = lake.query_arrow(EPISODES_SQL).to_pylist()
+    cost = lake.query_arrow(COST_SQL).to_pylist()
     lines = ["| task | episode | milestone progress | task-aware progress | success | shaped return | rank: task-aware | rank: milestones |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     verdicts = []
@@ -139,6 +140,19 @@ def report(rows: list[dict], cost: list[dict]) -> str:
                 f"{task}: the partial solution scores above {above('final_task_progress')}/{len(randoms)} random episodes on "
                 f"task-aware progress, {above('r_progress')}/{len(randoms)} on milestone progress, "
                 f"{above('shaped_return')}/{len(randoms)} on the shaped return")
+    # The shaped return at other weights of task_progress, re-weighted by the views (no new episodes).
+    for w in (1.0, 2.0, 3.0, 4.0):
+        shaped = lake.query_arrow("SELECT task_id, run_id, shaped_return, final_task_progress FROM episodes",
+                                  params={"w_task_progress": w}).to_pylist()
+        parts = []
+        for task in by_task:
+            partial = next((r for r in shaped if r["task_id"] == task and r["run_id"] == "scripted-partial"), None)
+            lower = [r for r in shaped if r["task_id"] == task and r["run_id"] == "random"
+                     and partial and (r["final_task_progress"] or 0) < (partial["final_task_progress"] or 0)]
+            if partial:
+                parts.append(f"{task} {sum(partial['shaped_return'] > r['shaped_return'] for r in lower)}/{len(lower)}")
+        verdicts.append(f"w_task_progress={w:g}: shaped return of the partial solution above the random episodes "
+                        f"with a lower share: {', '.join(parts)}")
     polls = [c["poll_ms"] for c in cost if c["poll_ms"]]
     steps = [c["env_ms"] for c in cost if c["env_ms"] is not None]
     out = "\n".join(lines) + "\n\n" + "\n".join(verdicts)
@@ -168,8 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: no plans for site {args.site!r}: give --plans FILE")
     with tempfile.TemporaryDirectory(prefix="halo-task-progress-") as tmp:
         root = Path(args.lake) if args.lake else Path(tmp) / "lake"
-        rows, cost = run(args.site, tasks, plans, args.random_episodes, args.random_steps, root)
-    print(report(rows, cost))
+        lake = run(args.site, tasks, plans, args.random_episodes, args.random_steps, root)
+        print(report(lake))
     print(json.dumps({"site": args.site, "tasks": tasks, "random_episodes": args.random_episodes,
                       "random_steps": args.random_steps}))
 

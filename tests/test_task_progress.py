@@ -163,7 +163,7 @@ def test_progress_ranking_puts_task_progress_before_milestones_and_an_older_lake
         rows = lake.query_arrow("select shaped_return from episodes where run_id = 'r' order by attempt_idx", params=weights)
         return rows.column("shaped_return").to_pylist()
 
-    assert shaped() == pytest.approx([0.6, 0.1 + 0.5])  # weight 1.0 by default
+    assert shaped() == pytest.approx([0.6, 0.1 + 1.5])  # weight 3.0 by default
     assert shaped(w_task_progress=2.0) == pytest.approx([0.6, 0.1 + 1.0])
     assert shaped(w_task_progress=0.0) == pytest.approx([0.6, 0.1])
 
