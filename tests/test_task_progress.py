@@ -262,3 +262,40 @@ def test_a_malformed_expectations_folder_stops_realenv_before_any_episode(tmp_pa
     with pytest.raises(tp.ExpectationsError, match=r"omnizon.yaml: v2.omnizon-1\[0\]: missing expected_value"):
         RealEnv()
     assert RealEnv(task_progress=False).task_progress is False
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_site_whose_finish_cannot_be_read_is_left_unmeasured_after_two_tries(tmp_path):
+    """A clone whose /finish shows no state: each read fails once its timeout passes; after two, no more are tried."""
+    import functools
+    import http.server
+
+    from halo_agent.envs.real import RealEnv
+    from halo_agent.local_http import LocalHTTPServer
+    from halo_agent.rewards import task_share
+
+    for page, body in (("index.html", "<button>Compose</button>"), ("config/index.html", "<p>configured</p>"),
+                       ("finish/index.html", "<p>no state here</p>")):
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text(f"<!doctype html><html><body>{body}</body></html>")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    with LocalHTTPServer(functools.partial(Quiet, directory=str(tmp_path))) as site:
+        env = RealEnv(site_urls={"gomail": site.url}, screenshot=False, finish_timeout_ms=300)
+        try:
+            page = env.reset("v2.gomail-18", task_seed=0)
+            first = env.step("noop(10)")
+            second = env.step("noop(10)")
+        finally:
+            env.close()
+    reads = [page.extra["task_progress"], first.info["task_progress"], second.info["task_progress"]]
+    assert [r["share"] for r in reads] == [None, None, None]
+    assert "TimeoutError" in reads[0]["error"] and reads[0]["poll_ms"] >= 300
+    assert reads[2]["error"].startswith("not read: /finish failed 2 times") and reads[2]["poll_ms"] == 0
+    rewards = EpisodeRewards(RewardConfig.load(), "gomail", task_share=task_share(page.extra))
+    step = rewards.step(state_hash="s", action="noop(10)", action_valid=True, task_share=task_share(first.info))
+    assert step.components["task_progress"] is None  # never measured: NULL, not 0

@@ -46,6 +46,8 @@ DEFAULT_TASK_VERSION = "v2"
 DEFAULT_MAX_STEPS = 70
 DEFAULT_VIEWPORT = (1280, 720)
 SITE_URLS_ENV = "HALO_REAL_SITE_URLS"
+# A site whose /finish cannot be read twice in a row is not read again in that episode (each try may wait finish_timeout_ms).
+MAX_FINISH_FAILURES = 2
 # Text and element ids (bid), pixel coordinates for screenshot policies, tabs and navigation.
 ACTION_SUBSETS = ("chat", "infeas", "bid", "coord", "nav", "tab")
 
@@ -186,6 +188,7 @@ class RealEnv:
             expectations.load_all()  # a malformed expectations file fails here, before any episode
         self._expectations = None
         self._agent_page = None  # the agent's page when /finish was last read
+        self._finish_failures = 0  # reads of /finish that failed in a row (the episode stops reading at MAX_FINISH_FAILURES)
         registry.register_local_tasks()
         if self.task_registry:
             self._tasks = {t.task_id: t for t in registry.use_snapshot(self.task_registry)}
@@ -261,6 +264,7 @@ class RealEnv:
         page = self._page_state(obs)
         self._expectations = None
         self._agent_page = None
+        self._finish_failures = 0
         if self.task_progress:
             from halo_agent.task_progress import expectations_for
 
@@ -316,13 +320,17 @@ class RealEnv:
         """The share of the task's expectations that ``state`` (else the site's /finish state, read now) satisfies."""
         poll_ms = 0.0
         error = None
-        if state is None:
+        if state is None and self._finish_failures >= MAX_FINISH_FAILURES:
+            error = f"not read: /finish failed {self._finish_failures} times in a row in this episode"
+        elif state is None:
             t0 = time.perf_counter()
             try:
                 state = self.read_finish_state()
+                self._finish_failures = 0
             except Exception as e:  # a failed read leaves the share unknown for this step; the episode goes on
+                self._finish_failures += 1
                 error = f"{type(e).__name__}: {_first_line(e)}"
-                log.debug("reading /finish failed: %s", error)
+                log.warning("reading /finish of %s failed: %s", self._task.task_id if self._task else "?", error)
             poll_ms = (time.perf_counter() - t0) * 1000.0
         out: dict[str, Any] = {"poll_ms": round(poll_ms, 3)}
         if state is None:
