@@ -50,6 +50,22 @@ PLANS: dict[str, dict[str, dict[str, list[tuple[str, ...]]]]] = {
                      ("answer", "I asked Brian King to send the meeting notes.")],
         },
     },
+    # Plans on HALO's local GoCalendar clone (the week of Tuesday, July 16, 2024).
+    "gocalendar": {
+        # Pick up my sister on Wednesday at 11 AM: the partial one types the event and never saves it.
+        "v2.gocalendar-6": {
+            "partial": [("click", "Create"), ("fill", "Title", "Pick up sister"), ("fill", "Start date", "Wednesday"),
+                        ("fill", "Start time", "11 am"), ("answer", "Done.")],
+            "full": [("click", "Create"), ("fill", "Title", "Pick up sister"), ("fill", "Start date", "Wednesday"),
+                     ("fill", "Start time", "11 am"), ("click", "Save"), ("answer", "I added 'Pick up sister' on Wednesday at 11 AM.")],
+        },
+        # Cancel Wednesday's dinner with friends: the partial one opens it and closes it again.
+        "v2.gocalendar-10": {
+            "partial": [("click", "Dinner with Friends, 7:00 PM – 9:00 PM, Wednesday, July 17"), ("click", "Close"), ("answer", "Done.")],
+            "full": [("click", "Dinner with Friends, 7:00 PM – 9:00 PM, Wednesday, July 17"), ("click", "Delete event"),
+                     ("answer", "I deleted Wednesday's dinner with friends.")],
+        },
+    },
 }
 
 EPISODES_SQL = """

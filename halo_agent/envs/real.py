@@ -311,7 +311,7 @@ class RealEnv:
 
     def _keep_agent_page(self) -> None:
         """An activation callback of a /finish read that ran late made the background page the active one: undo it."""
-        agent_page = getattr(self, "_agent_page", None)
+        agent_page = self._agent_page
         background = getattr(getattr(self._env, "task", None), "background_page", None)
         if agent_page is not None and background is not None and self._env.page is background and not agent_page.is_closed():
             self._env.page = agent_page
