@@ -168,6 +168,92 @@ def test_progress_ranking_puts_task_progress_before_milestones_and_an_older_lake
     assert shaped(w_task_progress=0.0) == pytest.approx([0.6, 0.1])
 
 
+
+# ----------------------------------------------------------------------------- expectations against agisdk's eval scripts
+# /finish states in the shape the scripts read (whole emails in differences, the changed fields in
+# initialfinaldiff), with the hosted GoMail's ids and counts where a script names them.
+
+
+def email(id, frm="someone@example.com", subject="Hello", content="Hi", **fields) -> dict:
+    return {"id": str(id), "from": frm, "to": ["me@example.com"], "cc": [], "bcc": [], "subject": subject, "content": content,
+            "isRead": False, "starred": False, "sent": False, "draft": False, "spam": False, "trash": False, "archived": False,
+            **fields}
+
+
+def sent(to: str, subject: str, content: str, **fields) -> dict:
+    return email("new-1", "me@example.com", subject, content, to=[to], sent=True, isRead=True, **fields)
+
+
+def trash(ids, **fields) -> list[dict]:
+    return [email(i, trash=True, **fields) for i in ids]
+
+
+def state(added=(), updated=(), snackbar: str | None = None) -> dict:
+    changed = {e["id"]: {k: e[k] for k in ("trash", "isRead", "archived") if e[k]} for e in updated}
+    ifd_updated = {"email": {"emails": changed}, **({"ui": {"snackbar": {"message": snackbar}}} if snackbar else {})}
+    return {"differences": {"emails": {"added": list(added), "updated": list(updated), "deleted": []}},
+            "initialfinaldiff": {"added": {"email": {"emails": {e["id"]: e for e in added}}}, "deleted": {}, "updated": ifd_updated}}
+
+
+# (a state a correct solution leaves, a partial one) on the hosted GoMail's data, as the scripts know it
+SCRIPT_CASES = {
+  "v2.gomail-1": [state(updated=[email(i, isRead=True) for i in range(10, 25)] + trash([1, 2, 3, 4], frm="order@amazon.com", isRead=True)),
+                  state(updated=trash([1], frm="order@amazon.com", isRead=True))],
+  "v2.gomail-2": [state(updated=trash([48], frm="noreply@uber.com") + trash([3], frm="notifications@x.com")),
+                  state(updated=trash([48], frm="noreply@uber.com"))],
+  "v2.gomail-4": [state(added=[sent("alexa.richardson@example.com", "Files", "Please let me know when the files come in.")]),
+                  state(added=[sent("alexa.richardson@example.com", "Files", "Hello")])],
+  "v2.gomail-5": [state(updated=trash([2, 6, 10, 14, 16, 21, 26, 28, 31, 37, 47, 49, 53]),
+                        added=[sent("alexa.richardson@example.com", "Work permit", "Can you sign it?")]),
+                  state(added=[sent("alexa.richardson@example.com", "Work permit", "Can you sign it?")])],
+  "v2.gomail-7": [state(added=[sent("ashley.campbell@example.com", "Team dinner", "Are you coming to the team dinner?")]),
+                  state(added=[sent("ashley.campbell@example.com", "Hi", "Hello")])],
+  "v2.gomail-8": [state(added=[sent("kevin.moore@example.com", "Project", "Could you send me the project details?")]),
+                  state(added=[sent("kevin.moore@example.com", "Project", "Hello", cc=["x@example.com"])])],
+  "v2.gomail-9": [state(added=[sent("barbara.thomas@example.com", "Project plan", "Let's discuss.")]),
+                  state(added=[sent("barbara.thomas@example.com", "Hi", "Hello")])],
+  "v2.gomail-12": [state(added=[sent("charles.davis@example.com", "Clients", "Have you found any new clients?")]),
+                   state(added=[sent("charles.davis@example.com", "Hi", "Hello")])],
+  "v2.gomail-13": [state(added=[sent("carol.adams@example.com", "Time change", "The meeting is now at 8:30 AM.")]),
+                   state(added=[sent("carol.adams@example.com", "Time change", "The meeting moved.")])],
+  "v2.gomail-14": [state(updated=trash(range(1, 21)), snackbar="20 conversations moved to Trash")],
+  "v2.gomail-15": [state(added=[sent("danielle.x@example.com", "Update", "The new system update has been launched.")]),
+                   state(added=[sent("danielle.x@example.com", "Update", "Hello")])],
+  "v2.gomail-17": [state(updated=[email(i, archived=True) for i in (46, 47, 48)]), state(updated=[email(46, archived=True)])],
+  "v2.gomail-18": [state(added=[sent("brian.king@example.com", "Meeting notes", "Could you send me the meeting notes?")]),
+                   state(added=[sent("brian.king@example.com", "Meeting notes", "Hi there")])],
+  "v2.gomail-19": [state(added=[sent("angela.white@example.com", "FTA", "When do you go on FTA?")]),
+                   state(added=[sent("angela.white@example.com", "Hi", "Hello")])],
+  "v2.gomail-20": [state(updated=trash(range(1, 55)), snackbar="54 conversations moved to Trash"), state(updated=trash(range(1, 12)))],
+  "v2.gomail-23": [state(added=[sent("jane.smith@example.com", "Re: Hi", "Thanks", isReply=True)], updated=trash(range(1, 14), subject="Support ticket")),
+                   state(updated=trash(range(1, 14), subject="Support ticket"))],
+  "v2.gomail-24": [state(updated=trash([1], frm="john.doe@example.com")), state(updated=trash([2], frm="john.doe@example.com"))],
+  "v2.gomail-26": [state(updated=trash([3, 14, 34, 40, 50], frm="noreply@x.com")), state(updated=trash([3, 14], frm="noreply@x.com"))],
+  "v2.gomail-11": [state(updated=trash([52, 53, 54, 55, 56], date="2024-04-01") + [email(1, isRead=True, date="2024-07-18")]),
+                   state(updated=trash([5], date="2024-07-01"))],
+}
+
+
+@pytest.mark.parametrize("task_id", sorted(SCRIPT_CASES))
+def test_gomail_expectations_all_hold_where_the_eval_script_succeeds_and_partly_on_a_partial_state(task_id, tmp_path):
+    import agisdk
+
+    scripts = Path(agisdk.__file__).parent / "REAL/browsergym/webclones/v2/eval_scripts"
+    expectations = tp.load_file(GOMAIL_YAML)[task_id]
+
+    def script_says(state: dict) -> str:
+        path = tmp_path / "finish.json"
+        path.write_text(json.dumps(state))
+        run = subprocess.run([sys.executable, str(scripts / f"eval_{task_id.split('.')[1].replace('-', '_')}.py"), str(path)],
+                             capture_output=True, text=True)
+        return run.stdout.strip()
+
+    solved, *partial = SCRIPT_CASES[task_id]
+    assert script_says(solved) == "SUCCESS" and expectations.share(solved) == 1.0
+    for state in partial:
+        assert script_says(state) == "FAILURE" and 0.0 < expectations.share(state) < 1.0
+
+
 # ----------------------------------------------------------------------------- episodes (real Chromium)
 
 pytest.importorskip("agisdk")
