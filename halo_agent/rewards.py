@@ -1,9 +1,9 @@
-"""Dense reward components for one episode: progress, novelty, loop, validity, success.
+"""Dense reward components for one episode: progress, novelty, loop, validity, success, task_progress.
 
     config = RewardConfig.load()                      # halo_agent/configs/rewards.yaml
     rewards = EpisodeRewards(config, site="gomail", start_url=page.url)
     step = rewards.step(state_hash=..., action="click('12')", action_valid=True, ...)
-    step.components   # {"progress": 0.2, "novelty": 1.0, "loop": 0.0, "validity": 0.2, "success": 0.0}
+    step.components   # {"progress": 0.2, "novelty": 1.0, "loop": 0.0, "validity": 0.2, "success": 0.0, "task_progress": None}
     step.reward       # their weighted sum (halo_data.config.RewardWeights)
 
 Components are stored raw on every step; ``reward`` is only the sum at
@@ -11,6 +11,14 @@ collection time. Progress rules are per site (GoMail, GoCalendar, Omnizon,
 MiniWoB, generic), driven by the action, the element it targets, and the URL and
 AXTree after it; all of it lives in the YAML file so a site's rules change
 without code.
+
+``task_progress`` is task-aware: the environment reports, after each action, the share of
+the task's expectations (``halo_agent.task_progress``) that the site's state satisfies
+(``StepOutcome.info["task_progress"]["share"]``); the component is that share's change since
+the previous step, so an episode's values sum to its final share (and an action that undoes
+progress is negative). Where the task has no expectations nothing is measured and the
+component is None (NULL in the lake), not 0: "not measured" stays apart from "measured, no
+progress", and the shaped reward counts it as 0.
 """
 
 from __future__ import annotations
@@ -135,10 +143,25 @@ class StepRewards:
     milestones: list[str]  # reached at this step
 
 
-class EpisodeRewards:
-    """Tracks one episode's states, actions and milestones; scores each step."""
+def task_share(info: dict[str, Any] | None) -> float | None:
+    """The share of the task's expectations met, as an environment reports it in ``StepOutcome.info``
+    or ``PageState.extra`` (``{"task_progress": {"share": ...}}``); None when it measures none."""
+    measured = (info or {}).get("task_progress")
+    if not isinstance(measured, dict) or measured.get("share") is None:
+        return None
+    return float(measured["share"])
 
-    def __init__(self, config: RewardConfig, site: str | None, start_url: str = "", start_state: str | None = None):
+
+class EpisodeRewards:
+    """Tracks one episode's states, actions and milestones; scores each step.
+
+    ``task_share``: the share of the task's expectations met when the episode starts, where the
+    environment measures it (``task_share(page.extra)`` of the reset page), else None: the
+    episode's ``task_progress`` components are then None.
+    """
+
+    def __init__(self, config: RewardConfig, site: str | None, start_url: str = "", start_state: str | None = None,
+                 task_share: float | None = None):
         self.config = config
         self.site = site
         self.start_url = (start_url or "").split("#", 1)[0]
@@ -147,6 +170,9 @@ class EpisodeRewards:
         self.reached: set[str] = set()
         self.seen_states: set[str] = {start_state} if start_state else set()
         self.seen_state_actions: set[tuple[str, str]] = set()
+        # The share already credited: 0 at the start, so the components sum to the final share.
+        self.measured = task_share is not None
+        self.task_share = 0.0
 
     @property
     def cumulative_progress(self) -> float:
@@ -165,7 +191,10 @@ class EpisodeRewards:
         page_after: str = "",
         state_hash_after: str | None = None,
         env_reward: float = 0.0,
+        task_share: float | None = None,
     ) -> StepRewards:
+        """``task_share``: the share of the task's expectations met after this step (None: not measured at this
+        step, e.g. no action ran; in an episode that is measured, the share is then taken as unchanged)."""
         c = self.config
         # progress: milestones reached by this (valid) action
         new: list[str] = []
@@ -200,11 +229,19 @@ class EpisodeRewards:
         else:
             validity = c.valid_action
 
+        task_progress: float | None = None
+        if task_share is not None:
+            self.measured = True
+        if self.measured:
+            share = self.task_share if task_share is None else float(task_share)
+            task_progress, self.task_share = share - self.task_share, share
+
         components = {
             "progress": progress,
             "novelty": novelty,
             "loop": loop,
             "validity": validity,
             "success": float(env_reward or 0.0),
+            "task_progress": task_progress,
         }
         return StepRewards(components, c.weights.shaped(components), self.cumulative_progress, new)

@@ -21,6 +21,7 @@ class RewardWeights:
     loop: float = dataclasses.field(default=0.1, metadata={"help": "Weight of the loop penalty (components are <= 0)."})
     validity: float = dataclasses.field(default=0.05, metadata={"help": "Weight of validity shaping."})
     success: float = dataclasses.field(default=1.0, metadata={"help": "Weight of the environment's success reward."})
+    task_progress: float = dataclasses.field(default=3.0, metadata={"help": "Weight of task-aware progress (the share of the task's expectations met)."})
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in REWARD_COMPONENTS}

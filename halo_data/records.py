@@ -8,8 +8,9 @@
 Environments, importers, synthetic data, search and the orchestrator all build
 steps here, so the derived columns are filled the same way everywhere:
 
-- ``r_progress`` … ``r_success`` from ``rewards`` (a mapping by component name;
-  a component left out is 0, one given as ``None`` is unknown and stored NULL);
+- ``r_progress`` … ``r_task_progress`` from ``rewards`` (a mapping by component name;
+  a component left out is 0, except ``task_progress``, which only an environment that
+  measures it gives: left out it is NULL; one given as ``None`` is unknown and stored NULL);
 - ``reward`` as the weighted sum of the components under ``weights`` (unless a
   producer passes the reward it recorded), and ``reward_weights`` as their JSON;
 - ``prompt_hash`` from ``prompt`` and ``prompt_version`` from the renderer;
@@ -280,9 +281,9 @@ class StepRecord:
             raise RecordError(f"step field 'extra' must be a mapping or a JSON string, got {type(extra).__name__}")
 
     def components(self) -> dict[str, float | None]:
-        """Every reward component: a left-out one is 0, an unknown (None) one stays None."""
+        """Every reward component: a left-out one is 0 (task_progress: None, not measured), an unknown (None) one stays None."""
         rewards = self.rewards
-        return {c: (None if (v := rewards.get(c, 0.0)) is None else float(v)) for c in S.REWARD_COMPONENTS}
+        return {c: (None if (v := rewards.get(c, _LEFT_OUT[c])) is None else float(v)) for c in S.REWARD_COMPONENTS}
 
     def weighted_reward(self) -> float | None:
         """``reward`` as given, else the components' weighted sum under ``weights`` (None without weights)."""
@@ -373,6 +374,8 @@ _EPISODE_ID_FROM = frozenset({"run_id", "task_id", "task_seed", "attempt_idx"})
 _episode_values = operator.itemgetter(*_EPISODE_FIELDS)
 _COMPONENTS = frozenset(S.REWARD_COMPONENTS)
 _REWARD_COLUMN = {c: S.reward_column(c) for c in S.REWARD_COMPONENTS}
+# A component a producer leaves out: 0, but task-aware progress is only known where it was measured.
+_LEFT_OUT: dict[str, float | None] = {c: (None if c == "task_progress" else 0.0) for c in S.REWARD_COMPONENTS}
 # Columns the record derives rather than takes.
 _STEP_DERIVED = frozenset(S.REWARD_COLUMNS) | {"prompt_hash", "state_hash_version", "reward_weights"}
 _STEP_PLAIN: tuple[str, ...] = tuple(

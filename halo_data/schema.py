@@ -66,6 +66,11 @@ _REWARD_COMPONENT_DOCS = {
     "loop": "Loop penalty component (repeated action/state), <= 0.",
     "validity": "Validity shaping component.",
     "success": "Success component: the environment's reward on the final step.",
+    "task_progress": (
+        "Task-aware progress: the change at this step of the share of the task's expectations "
+        "(halo_agent.task_progress) that the site's /finish state satisfies; an episode's values sum "
+        "to its final share. NULL where the task has no expectations (nothing was measured)."
+    ),
 }
 REWARD_COMPONENTS: tuple[str, ...] = tuple(_REWARD_COMPONENT_DOCS)
 

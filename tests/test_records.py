@@ -32,7 +32,7 @@ def an_episode(**changes) -> EpisodeRecord:
 def test_reward_columns_from_components_left_out_is_zero_none_is_null():
     row = StepRecord(step_idx=0, rewards={"progress": 0.25, "loop": -1, "novelty": None}).row()
     assert {c: row[c] for c in S.REWARD_COLUMNS} == {
-        "r_progress": 0.25, "r_novelty": None, "r_loop": -1.0, "r_validity": 0.0, "r_success": 0.0}
+        "r_progress": 0.25, "r_novelty": None, "r_loop": -1.0, "r_validity": 0.0, "r_success": 0.0, "r_task_progress": None}
     assert type(row["r_loop"]) is float
 
 
@@ -129,7 +129,7 @@ def test_a_wrong_type_fails_at_build_naming_the_field(build, message):
     (lambda: StepRecord(step_idx=0, r_progress=0.5, reward_weights="{}"), "unknown step field(s): r_progress, reward_weights"),
     (lambda: an_episode(colour="red"), "unknown episode field(s): colour"),
     (lambda: StepRecord(step_idx=0, rewards={"speed": 1.0}),
-     "step field 'rewards' has unknown component(s) speed; components are progress, novelty, loop, validity, success"),
+     "step field 'rewards' has unknown component(s) speed; components are progress, novelty, loop, validity, success, task_progress"),
     (lambda: StepRecord(step_idx=0, weights={"speed": 1.0}), "step field 'weights' has unknown component(s) speed"),
     (lambda: StepRecord(step_idx=0).replace(colour="red"), "unknown step field(s): colour"),
     (lambda: StepRecord.from_row({"step_idx": 0, "colour": "red"}), "unknown step field(s): colour"),

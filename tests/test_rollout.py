@@ -95,7 +95,7 @@ def test_every_step_is_a_complete_record(rollout_lake):
             if i + 1 < len(rows):
                 assert r["screenshot_after_hash"] == rows[i + 1]["screenshot_hash"]
             weights = json.loads(r["reward_weights"])
-            shaped = sum(r[f"r_{k}"] * w for k, w in weights.items())
+            shaped = sum((r[f"r_{k}"] or 0.0) * w for k, w in weights.items())  # NULL (not measured) counts 0
             assert r["reward"] == pytest.approx(shaped)
             assert r["env_ms"] > 0 and r["latency_ms"] >= 0
         assert rows[-1]["r_success"] == (1.0 if rows[0]["success"] else 0.0)

@@ -14,6 +14,15 @@ browser or site failure raises ``EnvError``; an action the browser refused is
 ``StepOutcome.action_error`` and the episode goes on. The episode ends when the
 agent answers (scored), reports the task infeasible, or runs out of steps.
 
+Task-aware progress: where the task has expectations (``halo_agent.task_progress``), the
+environment reads ``<site>/finish`` after every action and reports the share of them the state
+satisfies in ``StepOutcome.info["task_progress"]`` (``share``, the ``satisfied`` flags, and
+``poll_ms``, what reading it cost), and at reset in ``PageState.extra["task_progress"]``. The
+read goes through agisdk's own background page of the episode's browser context (the one its
+setup and evaluator use), so the agent's page, its history and the site's state are left as they
+were; the answer step reuses the state agisdk's evaluator read. A task without expectations is
+never polled. ``task_progress=False`` turns it off.
+
 ``site_urls`` (or ``HALO_REAL_SITE_URLS="gomail=http://127.0.0.1:8377,..."``)
 sends the tasks of a site to another address: a self-hosted clone, or the local
 clones in ``halo_agent.sites`` that the tests use.
@@ -22,6 +31,7 @@ clones in ``halo_agent.sites`` that the tests use.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -36,6 +46,8 @@ DEFAULT_TASK_VERSION = "v2"
 DEFAULT_MAX_STEPS = 70
 DEFAULT_VIEWPORT = (1280, 720)
 SITE_URLS_ENV = "HALO_REAL_SITE_URLS"
+# A site whose /finish cannot be read twice in a row is not read again in that episode (each try may wait finish_timeout_ms).
+MAX_FINISH_FAILURES = 2
 # Text and element ids (bid), pixel coordinates for screenshot policies, tabs and navigation.
 ACTION_SUBSETS = ("chat", "infeas", "bid", "coord", "nav", "tab")
 
@@ -147,6 +159,8 @@ class RealEnv:
         action_timeout_ms: int | None = None,
         screenshot: bool = True,
         terminate_on_infeasible: bool = True,
+        task_progress: bool = True,
+        finish_timeout_ms: int = 5000,
         **_ignored: Any,
     ) -> None:
         from halo_agent.browser import ensure_environment
@@ -166,6 +180,15 @@ class RealEnv:
         self.screenshot = screenshot
         self.terminate_on_infeasible = terminate_on_infeasible
         self.task_registry = str(task_registry) if task_registry else None
+        self.task_progress = bool(task_progress)
+        self.finish_timeout_ms = int(finish_timeout_ms)
+        if self.task_progress:
+            from halo_agent import task_progress as expectations
+
+            expectations.load_all()  # a malformed expectations file fails here, before any episode
+        self._expectations = None
+        self._agent_page = None  # the agent's page when /finish was last read
+        self._finish_failures = 0  # reads of /finish that failed in a row (the episode stops reading at MAX_FINISH_FAILURES)
         registry.register_local_tasks()
         if self.task_registry:
             self._tasks = {t.task_id: t for t in registry.use_snapshot(self.task_registry)}
@@ -238,11 +261,22 @@ class RealEnv:
             self._close_env()
             raise EnvError(f"REAL reset of {spec.task_id} failed: {type(e).__name__}: {_first_line(e)}") from e
         self._goal = obs.get("goal") or spec.goal or ""
-        return self._page_state(obs)
+        page = self._page_state(obs)
+        self._expectations = None
+        self._agent_page = None
+        self._finish_failures = 0
+        if self.task_progress:
+            from halo_agent.task_progress import expectations_for
+
+            self._expectations = expectations_for(spec)
+        if self._expectations is not None:
+            page.extra["task_progress"] = self._measure(None)
+        return page
 
     def step(self, action: str) -> StepOutcome:
         if self._env is None:
             raise EnvError("step() before reset(): start an episode first")
+        self._keep_agent_page()
         started = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = self._env.step(action)
@@ -253,6 +287,11 @@ class RealEnv:
             truncated = True
         task_info = info.get("task_info") or {}
         action_error = obs.get("last_action_error") or None
+        extra_info: dict[str, Any] = {}
+        if self._expectations is not None:
+            # The answer step: agisdk's evaluator has just read /finish; score what it scored.
+            final = task_info.get("env_state") if terminated else None
+            extra_info["task_progress"] = self._measure(final if isinstance(final, dict) else None)
         return StepOutcome(
             page=self._page_state(obs),
             reward=float(reward or 0.0),
@@ -264,8 +303,69 @@ class RealEnv:
                 "task_info": task_info,
                 "env_state": task_info.get("env_state"),
                 "step_seconds": time.perf_counter() - started,
+                **extra_info,
             },
         )
+
+    # ------------------------------------------------------------------ task-aware progress
+
+    def _keep_agent_page(self) -> None:
+        """An activation callback of a /finish read that ran late made the background page the active one: undo it."""
+        agent_page = self._agent_page
+        background = getattr(getattr(self._env, "task", None), "background_page", None)
+        if agent_page is not None and background is not None and self._env.page is background and not agent_page.is_closed():
+            self._env.page = agent_page
+
+    def _measure(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """The share of the task's expectations that ``state`` (else the site's /finish state, read now) satisfies."""
+        poll_ms = 0.0
+        error = None
+        if state is None and self._finish_failures >= MAX_FINISH_FAILURES:
+            error = f"not read: /finish failed {self._finish_failures} times in a row in this episode"
+        elif state is None:
+            t0 = time.perf_counter()
+            try:
+                state = self.read_finish_state()
+                self._finish_failures = 0
+            except Exception as e:  # a failed read leaves the share unknown for this step; the episode goes on
+                self._finish_failures += 1
+                error = f"{type(e).__name__}: {_first_line(e)}"
+                log.warning("reading /finish of %s failed: %s", self._task.task_id if self._task else "?", error)
+            poll_ms = (time.perf_counter() - t0) * 1000.0
+        out: dict[str, Any] = {"poll_ms": round(poll_ms, 3)}
+        if state is None:
+            out.update(share=None, error=error)
+        else:
+            flags = self._expectations.satisfied(state)
+            out.update(share=sum(flags) / len(flags), satisfied=flags)
+        return out
+
+    def read_finish_state(self) -> dict[str, Any]:
+        """The site's ``/finish`` state difference for this episode, read now without disturbing the agent.
+
+        It loads ``/finish`` in agisdk's background page of the episode's browser context, as the
+        task's evaluator does. BrowserGym makes any page whose document loads the active one, so
+        the agent's page and its history are put back afterwards, as agisdk's ``_task_validate``
+        does after the evaluator's read.
+        """
+        if self._env is None or getattr(self._env, "task", None) is None:
+            raise EnvError("no episode: reset() first")
+        env, task = self._env, self._env.task
+        page = getattr(task, "background_page", None)
+        if page is None or page.is_closed():
+            raise EnvError("the task's background page is closed")
+        active, history = env.page, env.page_history.copy()
+        self._agent_page = active
+        try:
+            page.goto(task.url + "/finish", wait_until="load", timeout=self.finish_timeout_ms)
+            text = page.locator("pre").first.inner_text(timeout=self.finish_timeout_ms)
+            env.context.cookies()  # a round trip: the page-activation callbacks the load queued run now
+        finally:
+            env.page, env.page_history = active, history
+        state = json.loads(text)
+        if not isinstance(state, dict):
+            raise ValueError(f"/finish holds a {type(state).__name__}, not an object")
+        return state
 
     def _page_state(self, obs: dict[str, Any]) -> PageState:
         from agisdk.REAL.browsergym.utils.obs import flatten_axtree_to_str

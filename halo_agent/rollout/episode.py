@@ -30,7 +30,7 @@ from halo_agent.candidates import score_candidates
 from halo_agent.envs.base import Element, EnvError, PageState, StepOutcome, element_for_action
 from halo_agent.restore import StatePath
 from halo_agent.restore import error_line as first_line
-from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards
+from halo_agent.rewards import EpisodeRewards, RewardConfig, StepRewards, task_share
 from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
 from halo_agent.types import ModelCall, Observation, Policy, PolicyOutput, StepFeedback
 
@@ -133,7 +133,8 @@ class EpisodeRunner:
             ep.steps.append(self._error_step(ep))
         else:
             self.policy.reset(spec.policy_seed)
-            rewards = EpisodeRewards(self.rewards, spec.task.site, start_url=start.page.url, start_state=start.state)
+            rewards = EpisodeRewards(self.rewards, spec.task.site, start_url=start.page.url, start_state=start.state,
+                                     task_share=task_share(start.page.extra))
             at: _PageAt | None = start
             for step_idx in range(self.max_steps):
                 at = self._step(ep, at, step_idx, rewards)
@@ -230,6 +231,7 @@ class EpisodeRunner:
             page_after=(after or at).page.axtree,
             state_hash_after=(after or at).state,
             env_reward=float(turn.outcome.reward) if turn.outcome is not None else 0.0,
+            task_share=task_share(turn.outcome.info) if turn.outcome is not None else None,
         )
         ep.steps.append(self._step_record(ep, len(ep.steps), at, after, prompt, turn, step_rewards))
         ep.history.append(turn.out.action or (turn.out.model_output or ""))

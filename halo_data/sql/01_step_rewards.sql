@@ -5,5 +5,6 @@ SELECT
     + coalesce(s.r_novelty, 0) * getvariable('halo_w_novelty')
     + coalesce(s.r_loop, 0) * getvariable('halo_w_loop')
     + coalesce(s.r_validity, 0) * getvariable('halo_w_validity')
-    + coalesce(s.r_success, 0) * getvariable('halo_w_success') AS shaped_reward
+    + coalesce(s.r_success, 0) * getvariable('halo_w_success')
+    + coalesce(s.r_task_progress, 0) * getvariable('halo_w_task_progress') AS shaped_reward
 FROM steps AS s

@@ -1,4 +1,4 @@
--- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component, the shaped return under the current weights, and its actions by source (policy, manager, cache, macro, recovery) with tokens and estimated cost.
+-- episodes: one row per episode: its fields (stored on each of its steps), step counts, the sum of each reward component (final_task_progress: the share of the task's expectations met at the end, NULL where not measured), the shaped return under the current weights, and its actions by source (policy, manager, cache, macro, recovery) with tokens and estimated cost.
 WITH per_episode AS (
     -- float sums are sorted_sum (macros.sql): the same digits on every run
     SELECT
@@ -39,6 +39,9 @@ WITH per_episode AS (
         sorted_sum(coalesce(r_loop, 0)) AS r_loop,
         sorted_sum(coalesce(r_validity, 0)) AS r_validity,
         sorted_sum(coalesce(r_success, 0)) AS r_success,
+        -- NULL where the task has no expectations (nothing measured): not the same as 0
+        sorted_sum(r_task_progress) AS r_task_progress,
+        sorted_sum(r_task_progress) AS final_task_progress,
         sorted_sum(shaped_reward) AS shaped_return,
         sorted_sum(coalesce(latency_ms, 0)) AS policy_ms,
         sorted_sum(coalesce(env_ms, 0)) AS env_ms,

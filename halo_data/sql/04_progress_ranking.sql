@@ -1,4 +1,4 @@
--- progress_ranking: one row per episode, ranked within its task by success, then final progress, then fewer steps (ties share a rank); percentile 1.0 is the best; in_top_percent applies the top-percent cut (variable halo_top_percent).
+-- progress_ranking: one row per episode, ranked within its task by success, then task-aware progress (final_task_progress: the share of the task's expectations met; where measured), then final (milestone) progress, then fewer steps (ties share a rank); percentile 1.0 is the best; in_top_percent applies the top-percent cut (variable halo_top_percent).
 WITH ranked AS (
     SELECT
         episode_id,
@@ -11,6 +11,7 @@ WITH ranked AS (
         policy_version,
         mode,
         success,
+        final_task_progress,
         final_progress,
         coalesce(n_steps, n_step_rows) AS n_steps,
         shaped_return,
@@ -20,7 +21,7 @@ WITH ranked AS (
     FROM episodes
     WINDOW by_task AS (
         PARTITION BY task_id
-        ORDER BY coalesce(success, false) DESC, final_progress DESC, coalesce(n_steps, n_step_rows) ASC
+        ORDER BY coalesce(success, false) DESC, final_task_progress DESC NULLS LAST, final_progress DESC, coalesce(n_steps, n_step_rows) ASC
     )
 )
 
