@@ -1,7 +1,7 @@
 """Task-aware progress against milestone progress: does each rank a partial solution above random clicking?
 
     python -m bench task-progress                         # GoMail, its default tasks
-    python -m bench task-progress --site omnizon --plans plans.yaml --tasks v2.omnizon-13
+    python -m bench task-progress --site omnizon --random-episodes 4   # or --plans FILE --tasks ...
 
 On a local REAL clone (``halo_agent.sites``), per task: a scripted partial solution, a
 scripted full one where there is a plan, and ``--random-episodes`` episodes of the random
@@ -48,6 +48,28 @@ PLANS: dict[str, dict[str, dict[str, list[tuple[str, ...]]]]] = {
             "full": [("click", "Compose"), ("fill", "To", "brian.king@example.com"), ("fill", "Subject", "Meeting notes"),
                      ("fill", "Message Body", "Hi Brian, could you please send me the meeting notes?"), ("click", "Send"),
                      ("answer", "I asked Brian King to send the meeting notes.")],
+        },
+    },
+    # Plans on HALO's local Omnizon shop (product names as its catalog names them).
+    "omnizon": {
+        # Order me a nice cooking pot: the partial one puts the pot in the cart and never checks out.
+        "v2.omnizon-13": {
+            "partial": [("fill", "Search Omnizon", "cooking pot"), ("click", "Search"),
+                        ("click", "T-fal Stainless Steel Cooking Pot, 8 Quart Stockpot with Lid"), ("click", "Add to Cart"),
+                        ("answer", "The pot is in the cart.")],
+            "full": [("fill", "Search Omnizon", "cooking pot"), ("click", "Search"),
+                     ("click", "T-fal Stainless Steel Cooking Pot, 8 Quart Stockpot with Lid"), ("click", "Add to Cart"),
+                     ("click", "Cart 1"), ("click", "Proceed to checkout"), ("click", "Place your order"),
+                     ("answer", "I ordered an 8 quart cooking pot.")],
+        },
+        # Order me one of those comfortable neck pillows: the partial one reaches checkout and never places the order.
+        "v2.omnizon-17": {
+            "partial": [("fill", "Search Omnizon", "neck pillow"), ("click", "Search"),
+                        ("click", "Contour Memory Foam Cervical Neck Pillow for Neck Pain Relief"), ("click", "Buy Now"),
+                        ("answer", "The pillow is at checkout.")],
+            "full": [("fill", "Search Omnizon", "neck pillow"), ("click", "Search"),
+                     ("click", "Contour Memory Foam Cervical Neck Pillow for Neck Pain Relief"), ("click", "Buy Now"),
+                     ("click", "Place your order"), ("answer", "I ordered a memory foam neck pillow.")],
         },
     },
     # Plans on HALO's local GoCalendar clone (the week of Tuesday, July 16, 2024).

@@ -85,6 +85,7 @@ class Case:
     solved_score: float = 1.0
     check_solved: Callable[[dict], None] | None = None  # more about the /finish state the solution leaves
     check_partial: Callable[[dict], None] | None = None
+    partial_progress: bool = True  # False: the partial run is only wrong (another event deleted) and meets no check
 
 
 def only_added(state: dict) -> dict:
@@ -149,9 +150,10 @@ CASES = {
         create("Math camp", "July 21, 2024", "9:00 AM", location="Sunnyvale"),  # not all day, one day
         check_solved=math_camp),
     "v2.gocalendar-16": Case(delete(READING), [click("button", READING), click("button", "Close")]),
-    "v2.gocalendar-18": Case(delete(COFFEE_SISTER), delete("Coffee with Alex, 4:00 PM – 4:30 PM, Friday, July 19")),
+    "v2.gocalendar-18": Case(delete(COFFEE_SISTER), delete("Coffee with Alex, 4:00 PM – 4:30 PM, Friday, July 19"),
+                             partial_progress=False),
     "v2.gocalendar-23": Case(delete(SYNC_WEDNESDAY), delete(SYNC_MONDAY), check_solved=only_deleted("ev-8", "Project Sync"),
-                             check_partial=only_deleted("ev-2", "Project Sync")),
+                             check_partial=only_deleted("ev-2", "Project Sync"), partial_progress=False),
 }
 
 
@@ -239,7 +241,8 @@ def test_v2_task_scored_by_its_eval_script_and_expectations(calendar_page, site,
     partial = play(calendar_page, site, task_id, case.partial)
     assert agisdk_score(task_id, partial) == 0.0
     held = expectation_results(task_id, partial)
-    assert any(held) and not all(held), held
+    # Deleting the wrong event is no progress towards deleting the right one.
+    assert (any(held) if case.partial_progress else not any(held)) and not all(held), held
     if case.check_partial:
         case.check_partial(partial)
 
