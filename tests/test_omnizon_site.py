@@ -420,5 +420,15 @@ def test_realenv_episodes_are_scored_by_the_v2_eval_scripts(omnizon_site, eval_t
         _, final, _ = _episode(env, "omnizon-24", WRONG["omnizon-24"], "I ordered a PS5 controller.")
         assert final.reward == 0.0  # one controller, not two
         assert [i["quantity"] for o in orders(final.info["env_state"]) for i in o["items"]] == [1]
+
+        # eval_omnizon_28.py also reads the .json/.txt files beside its state file: beside the shared temp folder's
+        # other files (here one that names a silverware order) it passes a knife set; RealEnv evaluates in a folder
+        # of its own.
+        decoy = eval_tmpdir / "other-episode.txt"
+        decoy.write_text("order confirmation: stainless steel silverware set with spoons and forks")
+        _, final, _ = _episode(env, "omnizon-28", WRONG["omnizon-28"], "I ordered a silverware set.")
+        assert final.reward == 0.0
+        assert score("omnizon-28", final.info["env_state"]) == 1.0  # what the shared folder scores
+        decoy.unlink()
     finally:
         env.close()

@@ -30,11 +30,14 @@ clones in ``halo_agent.sites`` that the tests use.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import re
+import tempfile
+import threading
 import time
 from typing import Any, Mapping
 
@@ -123,6 +126,7 @@ def _task_class():
             slow_mo: int | None = None,
             timeout: int | None = None,
             run_id: str = "0",
+            finish_timeout_ms: int = 5000,
         ) -> None:
             super().__init__(seed, task_name=task_name, task_version=task_version, run_id=run_id)
             if site_url:
@@ -133,8 +137,31 @@ def _task_class():
                 self.slow_mo = slow_mo
             if timeout is not None:
                 self.timeout = timeout
+            self.finish_timeout_ms = finish_timeout_ms
+
+        def validate(self, page, chat_messages, timeout: int = 1000, verbose: bool = True):
+            # agisdk allows 1 s to load /finish, which a busy machine can miss (the answer is then an error, not a
+            # score); and it writes the state for a v2 eval script into the shared temp folder, where a script that
+            # reads the files beside its own (eval_omnizon_28.py) would see other episodes' states. The evaluation
+            # gets HALO's /finish timeout and a temp folder of its own.
+            with _private_tempdir():
+                return super().validate(page, chat_messages, timeout=max(timeout, self.finish_timeout_ms), verbose=verbose)
 
     return HaloWebCloneTask
+
+
+_TEMPDIR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _private_tempdir():
+    """``tempfile``'s default folder is a fresh one of its own while the block runs (one block at a time per process)."""
+    with _TEMPDIR_LOCK, tempfile.TemporaryDirectory(prefix="halo-eval-") as folder:
+        before, tempfile.tempdir = tempfile.tempdir, folder
+        try:
+            yield folder
+        finally:
+            tempfile.tempdir = before
 
 
 class RealEnv:
@@ -242,6 +269,7 @@ class RealEnv:
             "viewport": self.viewport,
             "slow_mo": self.slow_mo_ms,
             "timeout": self.action_timeout_ms,
+            "finish_timeout_ms": self.finish_timeout_ms,
         }
         self._env = BrowserEnv(
             task_entrypoint=_task_class(),
