@@ -36,7 +36,7 @@ from halo_data.writer import append_rows
 
 from halo_agent.envs.base import StepOutcome, element_for_action
 from halo_agent.restore import NotReproducible, Restored, StatePath, error_line, restore_state
-from halo_agent.rewards import RewardConfig
+from halo_agent.rewards import RewardConfig, task_share
 from halo_agent.types import PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ def _score(env, restored: Restored, sample: PolicyOutput, step_idx: int) -> tupl
         page_after=after.axtree,
         state_hash_after=ids.state_hash(after.url, after.axtree),
         env_reward=float(outcome.reward) if outcome is not None else 0.0,
+        task_share=task_share(outcome.info) if outcome is not None else None,
     )
     return scored.reward, outcome
 

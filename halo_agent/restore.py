@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence, Union
 from halo_data import ids
 
 from halo_agent.envs.base import PageState, TaskSpec, element_for_action
-from halo_agent.rewards import EpisodeRewards, RewardConfig
+from halo_agent.rewards import EpisodeRewards, RewardConfig, task_share
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def restore_state(env, path: StatePath, reward_config: RewardConfig | None = Non
         if path.goal is not None and page.goal != path.goal:
             return _diverged(path, 0, f"the task instance differs: goal {page.goal!r} where the episode had {path.goal!r}")
         state = ids.state_hash(page.url, page.axtree)
-        rewards = EpisodeRewards(reward_config, path.task.site, start_url=page.url, start_state=state) if reward_config else None
+        rewards = EpisodeRewards(reward_config, path.task.site, start_url=page.url, start_state=state,
+                                 task_share=task_share(page.extra)) if reward_config else None
         for step_idx, action in enumerate(path.actions):
             if state != path.state_hashes[step_idx]:
                 return _diverged(path, step_idx, f"state {state} where the episode saw {path.state_hashes[step_idx]}")
@@ -129,7 +130,7 @@ def restore_state(env, path: StatePath, reward_config: RewardConfig | None = Non
                     state_hash=state, action=action, action_valid=outcome.action_error is None,
                     action_error=outcome.action_error, target=element_for_action(action, page.elements),
                     url_after=outcome.page.url, page_after=outcome.page.axtree, state_hash_after=after,
-                    env_reward=float(outcome.reward),
+                    env_reward=float(outcome.reward), task_share=task_share(outcome.info),
                 )
             if outcome.terminated or outcome.truncated:
                 return _diverged(path, step_idx, f"the episode ended after {action!r}")

@@ -312,6 +312,30 @@ def test_scripted_episodes_rise_reach_one_and_an_irrelevant_run_stays_zero_in_th
     assert [(e["run_id"], round(e["final_task_progress"], 6), e["success"]) for e in episodes] == [
         ("full", 1.0, True), ("irrelevant", 0.0, False), ("partial", 0.5, False)]
 
+    # A state restored by replay carries its share, and online GRPO's candidates are scored with it: from the partial
+    # run's third state, deleting the Amazon email (+2/6 of the checks) against opening the Sent folder (none).
+    from halo_agent.candidates import score_candidates
+    from halo_agent.envs.real import RealEnv
+    from halo_agent.restore import StatePath, restore_state
+    from halo_agent.rewards import RewardConfig
+    from halo_agent.types import PolicyOutput
+
+    rewards = RewardConfig.load()
+    config = RolloutConfig(env="real", tasks=["v2.gomail-1"], lake=str(lake.root), progress=False)
+    partial = lake.query_arrow("select step_idx, action, state_hash, goal from steps where run_id = 'partial'").to_pylist()
+    path = StatePath.from_steps(resolve_tasks(config)[0], 0, partial, 2)
+    env = RealEnv(site_urls={"gomail": gomail_site.url}, screenshot=False)
+    try:
+        restored = restore_state(env, path, rewards)
+        assert restored.restored and restored.rewards.task_share == pytest.approx(1 / 6)
+        bid = {e.name: e.bid for e in restored.page.elements}
+        samples = [PolicyOutput(model_output=a, action=a) for a in
+                   (f"click('{bid['Delete Your order has shipped']}')", f"click('{bid['Sent']}')")]
+        group = score_candidates(env, path, samples, rewards)
+        assert group.scores[0] - group.scores[1] == pytest.approx(rewards.weights.task_progress * 2 / 6)
+    finally:
+        env.close()
+
 
 @pytest.mark.browser
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from halo_data.writer import Screenshot
 
 from halo_agent.envs.base import PageState, StepOutcome, TaskSpec, element_for_action
 from halo_agent.restore import Restored, StatePath, error_line, restore_state
-from halo_agent.rewards import EpisodeRewards, RewardConfig
+from halo_agent.rewards import EpisodeRewards, RewardConfig, task_share
 from halo_agent.rollout.episode import build_observation
 from halo_agent.search.config import SearchConfig
 from halo_agent.search.critics import PROGRESS, Critic
@@ -224,6 +224,7 @@ class TreeSearch:
             state_hash=ids.state_hash(page.url, page.axtree), action=action, action_valid=outcome.action_error is None,
             action_error=outcome.action_error, target=element_for_action(action, page.elements),
             url_after=outcome.page.url, page_after=outcome.page.axtree, state_hash_after=after, env_reward=float(outcome.reward),
+            task_share=task_share(outcome.info),
         )
 
     def _expand(self, tree: Tree, node: Node, page: PageState, simulation: int) -> None:
