@@ -37,8 +37,10 @@ DEFAULT_PORT = 8377
 DEFAULT_PORTS = {"gomail": DEFAULT_PORT, "omnizon": 8378, "gocalendar": 8379}
 SITES = tuple(DEFAULT_PORTS)
 
-# The contract's endpoints, served by static pages whose scripts do the work in the browser.
-_ROUTES = {"/": "index.html", "/config": "config.html", "/finish": "finish.html", "/submit": "finish.html"}
+# The contract's endpoints: pages shared by every clone (``contract/``) that call the clone's own ``/state.js``
+# (``freshState``, ``saveState``, ``loadState``, ``stateDiff``), so they do the work in the browser.
+CONTRACT_DIR = SITES_DIR / "contract"
+_CONTRACT_ROUTES = {"/config": "config.html", "/finish": "finish.html", "/submit": "finish.html"}
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                   ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
 
@@ -55,12 +57,13 @@ def _handler_for(root: Path) -> type[http.server.BaseHTTPRequestHandler]:
             path = urllib.parse.urlsplit(self.path).path
             # agisdk joins "<start url>" + "/config"; a start URL ending in "/" gives "//config".
             path = "/" + path.lstrip("/")
-            name = _ROUTES.get(path.rstrip("/") or "/", path.lstrip("/"))
+            contract = _CONTRACT_ROUTES.get(path.rstrip("/"))
+            folder, name = (CONTRACT_DIR, contract) if contract else (root, path.lstrip("/"))
             if "." not in name.rsplit("/", 1)[-1]:
-                # A page of the clone's own routing (/search?q=.., /product/212, /cart): its one page answers it.
+                # "/" and the pages of the clone's own routing (/search?q=.., /product/212, /cart): its one page answers them.
                 name = "index.html"
-            file = (root / name).resolve()
-            if root not in file.parents or not file.is_file():
+            file = (folder / name).resolve()
+            if folder not in file.parents or not file.is_file():
                 self.send_error(404, "Not found")
                 return
             body = file.read_bytes()
