@@ -81,7 +81,7 @@ class PPOConfig(TrainConfig):
     """Clipped PPO over a LoRA model, a value head with GAE, on the os environment or on lake steps."""
 
     epochs: float = _field(1.0, "Epochs: each samples (or reads) a batch, runs --ppo-epochs passes over it and saves OUTPUT/epoch_N.")
-    lora_dropout: float = _field(0.1, "Dropout on the LoRA branch.")
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch (0: the update's ratios compare the function that sampled, not a dropped-out one).")
     target_modules: list = _field(["q_proj", "k_proj", "v_proj", "o_proj"], "Modules that get LoRA weights, comma-separated.")
     env: str = _field("os", "Environment to sample from online (os).")
     tasks: list = _field([], "Tasks to sample (comma-separated); --subset or every task when empty.")
