@@ -95,6 +95,8 @@ class PPOConfig(TrainConfig):
     clip_range: float = _field(0.2, "PPO ratio clip epsilon.")
     clip_range_value: float | None = _field(0.2, "Clip the value update around the old value (None: no clip).")
     value_coef: float = _field(0.5, "Weight of the value loss.")
+    value_lr: float | None = _field(None, "Learning rate of the value head (None: --lr). The head starts at zero and learns only from "
+                                    "the returns: at a policy's small --lr it explains little of them for many epochs.")
     entropy_coef: float = _field(0.01, "Weight of the entropy bonus.")
     kl_coef: float = _field(0.0, "Weight of the KL penalty to the base model (0: none).")
     max_grad_norm: float = _field(1.0, "Gradient clipping norm.")
@@ -131,6 +133,8 @@ class PPOConfig(TrainConfig):
             raise PPOError(f"--clip-range must be in (0, 1), got {self.clip_range}")
         if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise PPOError("--gamma and --gae-lambda must be in [0, 1]")
+        if self.value_lr is not None and self.value_lr <= 0:
+            raise PPOError(f"--value-lr must be positive, got {self.value_lr}")
         if min(self.value_coef, self.entropy_coef, self.kl_coef) < 0:
             raise PPOError("--value-coef, --entropy-coef and --kl-coef must be 0 or more")
         if not self.from_lake and bool(self.engine_url) == bool(self.serve):
@@ -377,6 +381,16 @@ def update(cfg: PPOConfig, model, value_head, optimizer, turns: list[Turn], pad_
     return out
 
 
+def make_optimizer(cfg: PPOConfig, model, value_head):
+    """AdamW over the LoRA weights at ``--lr`` and the value head at ``--value-lr``."""
+    import torch
+
+    return torch.optim.AdamW([
+        {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr},
+        {"params": list(value_head.parameters()), "lr": cfg.value_lr if cfg.value_lr is not None else cfg.lr},
+    ])
+
+
 def batch_stats(turns: list[Turn]) -> dict[str, float]:
     """Episode reward and accuracy of the batch, and how much of the returns the old values explain."""
     episodes: dict[str, tuple[float, bool]] = {}
@@ -429,8 +443,7 @@ def train_ppo(cfg: PPOConfig):
     model, tokenizer = loaded.model, loaded.tokenizer
     device = next(model.parameters()).device
     value_head = ValueHead(model.config.hidden_size, device)
-    params = [p for p in model.parameters() if p.requires_grad] + list(value_head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr)
+    optimizer = make_optimizer(cfg, model, value_head)
     if cfg.resume_from:
         value_head.load(Path(cfg.resume_from))
         optimizer.load_state_dict(torch.load(Path(cfg.resume_from) / OPTIMIZER_FILE, map_location="cpu"))

@@ -144,6 +144,8 @@ def test_bad_options_are_one_clear_error(tiny, tmp_path):
         PPOConfig(base_model=tiny)
     with pytest.raises(PPOError, match="--ppo-epochs must be at least 1"):
         PPOConfig(base_model=tiny, from_lake=True, ppo_epochs=0)
+    with pytest.raises(PPOError, match="--value-lr must be positive"):
+        PPOConfig(base_model=tiny, from_lake=True, value_lr=0)
     with pytest.raises(PPOError, match="unknown outcome"):
         PPOConfig(base_model=tiny, from_lake=True, reward_map="great=1")
     lake = Lake.init(tmp_path / "empty")
