@@ -5,9 +5,10 @@
 1. Demonstrations: each task's reference solution played through the real os environment (a fresh
    sandbox, the task's own evaluation) as ``Act: bash`` + ``Act: finish``, into a lake.
 2. The tiny model (``halo-train make-tiny-model``) is fine-tuned on those demonstrations' ``bc_rows``
-   (``--warmup-steps``), which pair each task's prompt with its solution and with a distractor (another
-   task's solution): the warm-up model answers in the format, right part of the time and wrong the
-   rest (a reward spread for PPO to work on; never a start that already solves).
+   (``--warmup-steps``), which pair each task's prompt with its solution and with a distractor
+   (``--distractor generic``: a command that solves no task; ``other-task``: another task's solution):
+   the warm-up model answers in the format, right part of the time and wrong the rest (a reward
+   spread for PPO to work on; never a start that already solves).
 3. ``halo-train ppo --serve`` on the same tasks: each epoch samples ``--samples-per-epoch`` one-command
    episodes (``--turns 1``: the command is evaluated at the round limit) with the current adapter through
    HALO's chat server, then updates. The reward and accuracy of the episodes each epoch sampled (with
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--heldout", type=int, default=128, help="fresh episodes for the warm-up model and the final adapter each (0: none)")
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--distractor", choices=DISTRACTORS, default="other-task",
+    parser.add_argument("--distractor", choices=DISTRACTORS, default="generic",
                         help="the warm-up's wrong answer per task: another task's solution, or a command that solves none")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-readme", action="store_true", help="print the section, do not append it to bench/README.md")
