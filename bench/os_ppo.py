@@ -21,8 +21,8 @@
 The tasks are those whose answer is short in the tiny model's tokens (its 512-entry vocabulary spells
 most paths byte by byte; ``useradd alice`` in the answer format is 26 tokens, ``mkdir -p
 /srv/data/2024/logs`` 47): a long command sampled at temperature 1 is garbled more often, which
-flattens the reward spread. Prints the curve, writes ``bench/results/os-ppo-<time>.json`` and appends
-the section to bench/README.md (``--no-readme``: print only). A run is one seed: the figures move
+flattens the reward spread. Prints the curve, writes ``bench/results/os-ppo-<time>.json`` and adds
+the run at the end of bench/README.md's os-PPO section (``--no-readme``: print only). A run is one seed: the figures move
 between runs, and the curve is reported as it came out.
 """
 
@@ -203,9 +203,24 @@ def main(argv: list[str] | None = None) -> dict:
     if args.no_readme:
         print(text)
         return report
-    from bench.os_env import publish
+    print(text)
+    publish_in_section(text)
+    return report
 
-    return publish(report, text)
+
+SECTION = "## os PPO: reward per epoch, tiny model on CPU"
+
+
+def publish_in_section(text: str, readme: Path = Path(__file__).resolve().parent / "README.md") -> None:
+    """Add a run's text at the end of bench/README.md's os-PPO section (before the next ``## `` heading)."""
+    lines = readme.read_text().splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith(SECTION)), None)
+    if start is None:
+        lines += ["\n", SECTION + "\n", "\n"]
+        start = len(lines) - 2
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    lines[end:end] = [text.rstrip("\n") + "\n", "\n"]
+    readme.write_text("".join(lines))
 
 
 def render(report: dict) -> str:
@@ -231,13 +246,20 @@ def render(report: dict) -> str:
         lines.append(f"| {r['epoch']} | {r['accuracy']:.0%} ± {r['se']:.0%} | {r['reward']:+.3f} | {r['policy_loss']:.4f} | "
                      f"{r['value_loss']:.4f} | {r['entropy']:.3f} | {r['clip_fraction']:.3f} | {r['approx_kl']:.4f} | "
                      f"{r['explained_variance']:.2f} |")
-    lines += ["", f"Epoch {last['epoch']} against epoch 1: {rise:+.0%} ± {rise_se:.0%} ({rise / rise_se:+.1f} standard errors)."]
+    lines += ["", f"Epoch {last['epoch']} against epoch 1: {100 * rise:+.0f} ± {100 * rise_se:.0f} points ({rise / rise_se:+.1f} standard errors)."]
+    tail = curve[-min(4, len(curve) - 1):] if len(curve) > 1 else []
+    if tail:
+        n = sum(int(r["episodes"]) for r in tail)
+        pooled = sum(r["accuracy"] * int(r["episodes"]) for r in tail) / n
+        gain, gain_se = pooled - first["accuracy"], math.hypot(first["se"], standard_error(pooled, n))
+        lines[-1] += (f" The last {len(tail)} epochs pooled ({n} episodes): {pooled:.0%} ± {standard_error(pooled, n):.0%}, "
+                      f"{100 * gain:+.0f} ± {100 * gain_se:.0f} points against epoch 1 ({gain / gain_se:+.1f} standard errors).")
     if report["heldout"]:
         (a_label, a), (b_label, b) = report["heldout"].items()
         diff, diff_se = b["accuracy"] - a["accuracy"], math.hypot(a["se"], b["se"])
         lines.append(f"Held out ({a['episodes']} fresh episodes each): {a_label} {a['correct']}/{a['episodes']} = {a['accuracy']:.0%} ± "
                      f"{a['se']:.0%}, {b_label} {b['correct']}/{b['episodes']} = {b['accuracy']:.0%} ± {b['se']:.0%}: "
-                     f"{diff:+.0%} ± {diff_se:.0%} ({diff / diff_se:+.1f} standard errors).")
+                     f"{100 * diff:+.0f} ± {100 * diff_se:.0f} points ({diff / diff_se:+.1f} standard errors).")
     lines.append("")
     return "\n".join(lines)
 
