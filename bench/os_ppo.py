@@ -223,6 +223,10 @@ def publish_in_section(text: str, readme: Path = Path(__file__).resolve().parent
     readme.write_text("".join(lines))
 
 
+def _in_standard_errors(difference: float, se: float) -> str:
+    return f"{difference / se:+.1f} standard errors" if se > 0 else "no spread to measure it against"
+
+
 def render(report: dict) -> str:
     args, curve = report["args"], report["curve"]
     first, last = curve[0], curve[-1]
@@ -246,20 +250,20 @@ def render(report: dict) -> str:
         lines.append(f"| {r['epoch']} | {r['accuracy']:.0%} ± {r['se']:.0%} | {r['reward']:+.3f} | {r['policy_loss']:.4f} | "
                      f"{r['value_loss']:.4f} | {r['entropy']:.3f} | {r['clip_fraction']:.3f} | {r['approx_kl']:.4f} | "
                      f"{r['explained_variance']:.2f} |")
-    lines += ["", f"Epoch {last['epoch']} against epoch 1: {100 * rise:+.0f} ± {100 * rise_se:.0f} points ({rise / rise_se:+.1f} standard errors)."]
+    lines += ["", f"Epoch {last['epoch']} against epoch 1: {100 * rise:+.0f} ± {100 * rise_se:.0f} points ({_in_standard_errors(rise, rise_se)})."]
     tail = curve[-min(4, len(curve) - 1):] if len(curve) > 1 else []
     if tail:
         n = sum(int(r["episodes"]) for r in tail)
         pooled = sum(r["accuracy"] * int(r["episodes"]) for r in tail) / n
         gain, gain_se = pooled - first["accuracy"], math.hypot(first["se"], standard_error(pooled, n))
         lines[-1] += (f" The last {len(tail)} epochs pooled ({n} episodes): {pooled:.0%} ± {standard_error(pooled, n):.0%}, "
-                      f"{100 * gain:+.0f} ± {100 * gain_se:.0f} points against epoch 1 ({gain / gain_se:+.1f} standard errors).")
+                      f"{100 * gain:+.0f} ± {100 * gain_se:.0f} points against epoch 1 ({_in_standard_errors(gain, gain_se)}).")
     if report["heldout"]:
         (a_label, a), (b_label, b) = report["heldout"].items()
         diff, diff_se = b["accuracy"] - a["accuracy"], math.hypot(a["se"], b["se"])
         lines.append(f"Held out ({a['episodes']} fresh episodes each): {a_label} {a['correct']}/{a['episodes']} = {a['accuracy']:.0%} ± "
                      f"{a['se']:.0%}, {b_label} {b['correct']}/{b['episodes']} = {b['accuracy']:.0%} ± {b['se']:.0%}: "
-                     f"{100 * diff:+.0f} ± {100 * diff_se:.0f} points ({diff / diff_se:+.1f} standard errors).")
+                     f"{100 * diff:+.0f} ± {100 * diff_se:.0f} points ({_in_standard_errors(diff, diff_se)}).")
     lines.append("")
     return "\n".join(lines)
 
