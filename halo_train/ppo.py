@@ -23,6 +23,7 @@ One epoch, top to bottom:
    prompt's last token) estimates V(s_t) per turn. GAE runs over the turns of each episode:
    delta_t = r_t + gamma V(s_{t+1}) - V(s_t) (V = 0 past the last turn), A_t = sum (gamma lambda)^k delta,
    returns R_t = A_t + V(s_t). Every completion token of turn t gets A_t (advantages whitened per batch).
+   The head learns at ``--value-lr`` (``--lr`` by default).
    A value head and GAE rather than a group baseline: os episodes are multi-turn with the reward at
    the end, so a per-turn critic credits the turns, where one episode-level baseline would not.
 4. Loss, ``--ppo-epochs`` passes over the batch in minibatches of ``--batch-size``:
@@ -446,7 +447,11 @@ def train_ppo(cfg: PPOConfig):
     optimizer = make_optimizer(cfg, model, value_head)
     if cfg.resume_from:
         value_head.load(Path(cfg.resume_from))
-        optimizer.load_state_dict(torch.load(Path(cfg.resume_from) / OPTIMIZER_FILE, map_location="cpu"))
+        saved = torch.load(Path(cfg.resume_from) / OPTIMIZER_FILE, map_location="cpu")
+        if len(saved["param_groups"]) != len(optimizer.param_groups):
+            raise PPOError(f"--resume-from {cfg.resume_from}: its optimizer.pt has one parameter group (saved before the value head "
+                           "had its own learning rate); start a new run with --init-adapter on that folder instead")
+        optimizer.load_state_dict(saved)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

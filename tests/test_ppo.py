@@ -62,7 +62,7 @@ def test_gae_over_the_turns_of_each_episode():
 def test_an_update_on_a_fixed_batch_raises_positive_advantage_answers_and_lowers_negative_ones(tiny):
     from halo_train import backends
     from halo_train.data import chat_text
-    from halo_train.ppo import ValueHead, fill_old, forward, update
+    from halo_train.ppo import ValueHead, fill_old, forward, make_optimizer, update
 
     cfg = PPOConfig(base_model=tiny, from_lake=True, ppo_epochs=4, batch_size=4, lr=2e-3, entropy_coef=0.0)
     loaded = backends.load_for_training(cfg)
@@ -77,7 +77,7 @@ def test_an_update_on_a_fixed_batch_raises_positive_advantage_answers_and_lowers
         completion = tokenizer(answers[right], add_special_tokens=False)["input_ids"] + [eos]
         turns.append(Turn(f"e{i}", prompt, completion, [None] * len(completion), reward=1.0 if right else -0.5, last=True, correct=right))
     value_head = ValueHead(model.config.hidden_size, "cpu")
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad] + list(value_head.parameters()), lr=cfg.lr)
+    optimizer = make_optimizer(cfg, model, value_head)
     pad = tokenizer.pad_token_id
     model.eval()
     fill_old(model, value_head, turns, pad, cfg.batch_size, kl=False)
