@@ -129,7 +129,9 @@ def heldout(base_model: str, adapters: dict[str, str | None], tasks: list[str], 
             served = None
             if path is not None:
                 served = f"heldout-{label}"
-                engine.swap_adapter(served, str(Path(path).resolve()), retire=None)
+                swap = engine.swap_adapter(served, str(Path(path).resolve()), retire=None)
+                if not swap.loaded:
+                    raise RuntimeError(f"the chat server refused {path}: {swap.message}")
             summary = run_rollouts(RolloutConfig(
                 env="os", tasks=list(tasks), rollouts_per_task=max(1, math.ceil(samples / len(tasks))), policy="openai",
                 model=base_name, adapter=served, policy_version=label, policy_options={"base_url": engine.base_url, "max_tokens": max_tokens},
