@@ -23,6 +23,7 @@ One epoch, top to bottom:
    prompt's last token) estimates V(s_t) per turn. GAE runs over the turns of each episode:
    delta_t = r_t + gamma V(s_{t+1}) - V(s_t) (V = 0 past the last turn), A_t = sum (gamma lambda)^k delta,
    returns R_t = A_t + V(s_t). Every completion token of turn t gets A_t (advantages whitened per batch).
+   The head learns at ``--value-lr`` (``--lr`` by default).
    A value head and GAE rather than a group baseline: os episodes are multi-turn with the reward at
    the end, so a per-turn critic credits the turns, where one episode-level baseline would not.
 4. Loss, ``--ppo-epochs`` passes over the batch in minibatches of ``--batch-size``:
@@ -81,7 +82,7 @@ class PPOConfig(TrainConfig):
     """Clipped PPO over a LoRA model, a value head with GAE, on the os environment or on lake steps."""
 
     epochs: float = _field(1.0, "Epochs: each samples (or reads) a batch, runs --ppo-epochs passes over it and saves OUTPUT/epoch_N.")
-    lora_dropout: float = _field(0.1, "Dropout on the LoRA branch.")
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch (0: the update's ratios compare the function that sampled, not a dropped-out one).")
     target_modules: list = _field(["q_proj", "k_proj", "v_proj", "o_proj"], "Modules that get LoRA weights, comma-separated.")
     env: str = _field("os", "Environment to sample from online (os).")
     tasks: list = _field([], "Tasks to sample (comma-separated); --subset or every task when empty.")
@@ -95,6 +96,8 @@ class PPOConfig(TrainConfig):
     clip_range: float = _field(0.2, "PPO ratio clip epsilon.")
     clip_range_value: float | None = _field(0.2, "Clip the value update around the old value (None: no clip).")
     value_coef: float = _field(0.5, "Weight of the value loss.")
+    value_lr: float | None = _field(None, "Learning rate of the value head (None: --lr). The head starts at zero and learns only from "
+                                    "the returns: at a policy's small --lr it explains little of them for many epochs.")
     entropy_coef: float = _field(0.01, "Weight of the entropy bonus.")
     kl_coef: float = _field(0.0, "Weight of the KL penalty to the base model (0: none).")
     max_grad_norm: float = _field(1.0, "Gradient clipping norm.")
@@ -131,6 +134,8 @@ class PPOConfig(TrainConfig):
             raise PPOError(f"--clip-range must be in (0, 1), got {self.clip_range}")
         if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise PPOError("--gamma and --gae-lambda must be in [0, 1]")
+        if self.value_lr is not None and self.value_lr <= 0:
+            raise PPOError(f"--value-lr must be positive, got {self.value_lr}")
         if min(self.value_coef, self.entropy_coef, self.kl_coef) < 0:
             raise PPOError("--value-coef, --entropy-coef and --kl-coef must be 0 or more")
         if not self.from_lake and bool(self.engine_url) == bool(self.serve):
@@ -377,6 +382,16 @@ def update(cfg: PPOConfig, model, value_head, optimizer, turns: list[Turn], pad_
     return out
 
 
+def make_optimizer(cfg: PPOConfig, model, value_head):
+    """AdamW over the LoRA weights at ``--lr`` and the value head at ``--value-lr``."""
+    import torch
+
+    return torch.optim.AdamW([
+        {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr},
+        {"params": list(value_head.parameters()), "lr": cfg.value_lr if cfg.value_lr is not None else cfg.lr},
+    ])
+
+
 def batch_stats(turns: list[Turn]) -> dict[str, float]:
     """Episode reward and accuracy of the batch, and how much of the returns the old values explain."""
     episodes: dict[str, tuple[float, bool]] = {}
@@ -429,11 +444,14 @@ def train_ppo(cfg: PPOConfig):
     model, tokenizer = loaded.model, loaded.tokenizer
     device = next(model.parameters()).device
     value_head = ValueHead(model.config.hidden_size, device)
-    params = [p for p in model.parameters() if p.requires_grad] + list(value_head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr)
+    optimizer = make_optimizer(cfg, model, value_head)
     if cfg.resume_from:
         value_head.load(Path(cfg.resume_from))
-        optimizer.load_state_dict(torch.load(Path(cfg.resume_from) / OPTIMIZER_FILE, map_location="cpu"))
+        saved = torch.load(Path(cfg.resume_from) / OPTIMIZER_FILE, map_location="cpu")
+        if len(saved["param_groups"]) != len(optimizer.param_groups):
+            raise PPOError(f"--resume-from {cfg.resume_from}: its optimizer.pt has one parameter group (saved before the value head "
+                           "had its own learning rate); start a new run with --init-adapter on that folder instead")
+        optimizer.load_state_dict(saved)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,47 @@ def test_gae_over_the_turns_of_each_episode():
     assert [round(t.ret, 6) for t in turns] == [0.625, 1.0, -0.5]
 
 
+def test_an_update_on_a_fixed_batch_raises_positive_advantage_answers_and_lowers_negative_ones(tiny):
+    from halo_train import backends
+    from halo_train.data import chat_text
+    from halo_train.ppo import ValueHead, fill_old, forward, make_optimizer, update
+
+    cfg = PPOConfig(base_model=tiny, from_lake=True, ppo_epochs=4, batch_size=4, lr=2e-3, entropy_coef=0.0)
+    loaded = backends.load_for_training(cfg)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Create a user account named alice."}]
+    prompt = tokenizer(chat_text(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    answers = {True: agent_turn("useradd alice"), False: agent_turn("ls -la")}
+    turns = []
+    for i in range(8):
+        right = i % 2 == 0
+        completion = tokenizer(answers[right], add_special_tokens=False)["input_ids"] + [eos]
+        turns.append(Turn(f"e{i}", prompt, completion, [None] * len(completion), reward=1.0 if right else -0.5, last=True, correct=right))
+    value_head = ValueHead(model.config.hidden_size, "cpu")
+    optimizer = make_optimizer(cfg, model, value_head)
+    pad = tokenizer.pad_token_id
+    model.eval()
+    fill_old(model, value_head, turns, pad, cfg.batch_size, kl=False)
+    gae(turns, cfg.gamma, cfg.gae_lambda)
+    assert [t.advantage for t in turns[:2]] == [1.0, -0.5]  # a zero value head: A = r on a one-turn episode
+
+    command_start = len(tokenizer(agent_turn("x").split("x")[0], add_special_tokens=False)["input_ids"])
+
+    def command_logprobs() -> tuple[float, float]:
+        """Mean logprob of each answer's command tokens (where the right and the wrong answer differ)."""
+        with torch.no_grad():
+            logprobs, _, _ = forward(model, value_head, turns[:2], pad, with_values=False)
+        return tuple(float(lp[command_start:-5].mean()) for lp in logprobs)
+
+    right_before, wrong_before = command_logprobs()
+    stats = update(cfg, model, value_head, optimizer, turns, pad, seed=0)
+    right_after, wrong_after = command_logprobs()
+    assert right_after > right_before + 0.05, (right_before, right_after)
+    assert wrong_after < wrong_before - 0.05, (wrong_before, wrong_after)
+    assert stats["approx_kl"] >= 0 and stats["value_loss"] > 0
+
+
 def test_offline_epochs_on_lake_steps_change_the_adapter_and_record_everything(tiny, tmp_path):
     lake = Lake.init(tmp_path / "lake")
     write_os_episodes(lake)
@@ -71,7 +112,7 @@ def test_offline_epochs_on_lake_steps_change_the_adapter_and_record_everything(t
     assert {"adapter_config.json", "adapter_model.safetensors", "value_head.pt", "optimizer.pt", "training_stats.json"} <= {
         p.name for p in epoch_1.iterdir()}
     config = json.loads((epoch_1 / "adapter_config.json").read_text())
-    assert config["r"] == 16 and config["lora_alpha"] == 32 and config["lora_dropout"] == 0.1
+    assert config["r"] == 16 and config["lora_alpha"] == 32 and config["lora_dropout"] == 0.0
     assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     stats = json.loads((epoch_1 / "training_stats.json").read_text())
     assert stats["epoch"] == 1 and stats["run_id"] == "ppo-offline" and stats["lineage"]["steps"] >= 0
@@ -103,6 +144,8 @@ def test_bad_options_are_one_clear_error(tiny, tmp_path):
         PPOConfig(base_model=tiny)
     with pytest.raises(PPOError, match="--ppo-epochs must be at least 1"):
         PPOConfig(base_model=tiny, from_lake=True, ppo_epochs=0)
+    with pytest.raises(PPOError, match="--value-lr must be positive"):
+        PPOConfig(base_model=tiny, from_lake=True, value_lr=0)
     with pytest.raises(PPOError, match="unknown outcome"):
         PPOConfig(base_model=tiny, from_lake=True, reward_map="great=1")
     lake = Lake.init(tmp_path / "empty")
