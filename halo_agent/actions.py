@@ -218,6 +218,27 @@ def labelled_choice(action: str, label: str) -> str:
     return f"# {' '.join(label.split())}\n{action}"
 
 
+_ELEMENT_LINE = re.compile(r"^\s*\[([^\]]+)\] (\S+) '(.*)'\s*$")
+
+
+def labelled_answer(answer: str, page: str) -> str | None:
+    """The labelled-choice form of a stored answer (``click('21')`` -> ``# 'Tab #2'\nclick('21')``), naming its
+    element as the page the step saw shows it (``[21] link 'Tab #2'`` lines); None where the answer is no
+    element action or its element is not on that page. Turns steps stored without labels (the random
+    policy's) into examples of the labelled answer format."""
+    try:
+        parsed = parse_action_detailed(answer)
+    except ActionParseError:
+        return None
+    if not parsed.args or ACTION_SIGNATURES[parsed.name][0][:1] != (BID,):
+        return None
+    for line in (page or "").splitlines():
+        m = _ELEMENT_LINE.match(line)
+        if m and m.group(1) == parsed.args[0]:
+            return labelled_choice(parsed.action, choice_label(Element(m.group(1), m.group(2), m.group(3), "click")))
+    return None
+
+
 def bids_in_axtree(axtree: str) -> set[str]:
     """Element ids shown in an AXTree text (``[12] button 'Send'``)."""
     return set(_AXTREE_BID.findall(axtree or ""))

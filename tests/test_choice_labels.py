@@ -109,3 +109,20 @@ def test_labels_without_constrained_decoding_are_refused(served):
         OpenAIPolicy(model="tiny", base_url=served.url, choice_labels=True)
     with pytest.raises(PolicyConfigError, match="choice_labels must be true or false"):
         OpenAIPolicy(model="tiny", base_url=served.url, constrain_actions=True, choice_labels="yes")
+
+
+def test_a_stored_answer_gets_the_label_of_the_element_it_acted_on():
+    from halo_agent.actions import labelled_answer
+
+    page = "[17] tablist ''\n[18] tab 'Tab #1'\n[21] link 'Tab #2'\n[30] button 'it's \"ok\"'"
+    assert labelled_answer("click('21')", page) == "# 'Tab #2'\nclick('21')"
+    assert labelled_answer("click('17')", page) == "# tablist\nclick('17')"
+    assert labelled_answer("fill('30', 'x')", page) == "# 'it's \"ok\"'\nfill('30', 'x')"
+    assert labelled_answer("click('99')", page) is None  # not on that page
+    assert labelled_answer("scroll(0, 200)", page) is None and labelled_answer("no action", page) is None
+    # What page_actions offers with labels is what a stored answer on that page becomes.
+    from halo_data import prompts
+
+    elements = ELEMENTS[:3]
+    page = prompts.elements_text((e.bid, e.role, e.name) for e in elements)
+    assert [labelled_answer(a, page) for a in page_actions(elements)] == page_actions(elements, labels=True)
