@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
         start = evaluate(cfg, engine, base_name, Served(None, 0), "online")
         random = evaluate(cfg, engine, base_name, Served(None, 0), "online", policy="random")
+    print(f"{a.task}: held-out success before the loop: start {start:.0%}, random {random:.0%}", flush=True)
     stamps = [time.perf_counter()]
 
     def echo(line: str) -> None:
