@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench online --task click-tab
     .venv/bin/python -m bench online --task click-button --hidden-size 128 --layers 3 --lr 1e-3
+    .venv/bin/python -m bench online --task click-button --choice-labels --seeds-per-iteration 8 --group-size 4 \
+        --warmup-seeds 16 --replay-iterations 3 --max-staleness 3 --lr 1e-3 --eval-seeds 20 --eval-attempts 2
 
 Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 1. warm-up data: the random policy on ``--warmup-seeds`` task seeds (from 50000 on) of the task;
@@ -13,6 +15,9 @@ Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 4. held-out success on task seeds 100000... (never trained on, never warmed up on) of the
    start model and of the random policy before the loop, and of the served version every
    ``--eval-every`` iterations: the curve.
+
+With ``--choice-labels`` every choice names its element first (``# 'Tab #2'`` then ``click('21')``)
+and step 2 imitates the same random steps written that way (``labelled_warm_start``).
 
 The figures are printed and written to bench/results/online-<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
