@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench online --task click-tab
     .venv/bin/python -m bench online --task click-button --hidden-size 128 --layers 3 --lr 1e-3
+    .venv/bin/python -m bench online --task click-button --choice-labels --seeds-per-iteration 8 --group-size 4 \
+        --warmup-seeds 16 --replay-iterations 3 --max-staleness 3 --lr 1e-3 --eval-seeds 20 --eval-attempts 2
 
 Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 1. warm-up data: the random policy on ``--warmup-seeds`` task seeds (from 50000 on) of the task;
@@ -13,6 +15,9 @@ Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 4. held-out success on task seeds 100000... (never trained on, never warmed up on) of the
    start model and of the random policy before the loop, and of the served version every
    ``--eval-every`` iterations: the curve.
+
+With ``--choice-labels`` every choice names its element first (``# 'Tab #2'`` then ``click('21')``)
+and step 2 imitates the same random steps written that way (``labelled_warm_start``).
 
 The figures are printed and written to bench/results/online-<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
@@ -57,6 +62,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="Reward YAML of the loop's rollouts and updates ('default': HALO's dense default rewards).")
     ap.add_argument("--constrain-actions", action=argparse.BooleanOptionalAction, default=True,
                     help="Decode only the page's actions (structured-output choice).")
+    ap.add_argument("--choice-labels", action=argparse.BooleanOptionalAction, default=False,
+                    help="Each constrained choice names its element first (# 'Tab #2' then click('21')).")
+    ap.add_argument("--replay-iterations", type=int, default=1, help="Iterations' groups each update reads (this one included).")
+    ap.add_argument("--max-staleness", type=int, default=1, help="Rows at most this many versions older than the updated weights.")
+    ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the base model.")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-seeds", type=int, default=10)
     ap.add_argument("--eval-attempts", type=int, default=4)
@@ -77,12 +87,16 @@ def main(argv: list[str] | None = None) -> None:
                                    run_id=f"warmup-s{seed}", resume=True, progress=False))
     model = work / "tiny"
     if not (model / "halo_tiny_model.json").exists():  # a resumed run keeps the model its start was measured with
-        build_tiny_model(model, warmup_lake=lake, steps=a.warmup_steps, where="run_id like 'warmup-%'",
-                         hidden_size=a.hidden_size, layers=a.layers, vocab_size=a.vocab_size, top_percent=a.warmup_top_percent)
+        if a.choice_labels:
+            labelled_warm_start(model, lake, a)
+        else:
+            build_tiny_model(model, warmup_lake=lake, steps=a.warmup_steps, where="run_id like 'warmup-%'",
+                             hidden_size=a.hidden_size, layers=a.layers, vocab_size=a.vocab_size, top_percent=a.warmup_top_percent)
     cfg = OnlineConfig(
         base_model=str(model), tasks=[a.task], iterations=a.iterations, group_size=a.group_size,
         max_episode_steps=a.max_episode_steps, train_steps=a.train_steps, lr=a.lr, serve=True, eval_every=a.eval_every,
         seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
+        choice_labels=a.choice_labels, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
         reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
@@ -90,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
         start = evaluate(cfg, engine, base_name, Served(None, 0), "online")
         random = evaluate(cfg, engine, base_name, Served(None, 0), "online", policy="random")
+    print(f"{a.task}: held-out success before the loop: start {start:.0%}, random {random:.0%}", flush=True)
     stamps = [time.perf_counter()]
 
     def echo(line: str) -> None:
@@ -119,6 +134,53 @@ def main(argv: list[str] | None = None) -> None:
     out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
+
+
+def labelled_warm_start(model: Path, lake: str, a: argparse.Namespace) -> None:
+    """The format-only warm start for labelled choices: the same random-policy steps (``bc_rows``), each answer
+    written as a labelled choice names its element (``# 'Tab #2'`` then ``click('21')``, the element's own name
+    from the page the step saw, never the goal's). The random policy chose the element, so the warm start
+    learns the answer's shape and that its label names one of the page's elements, not which one is right.
+    Without it, the label tokens are untrained and the shortest label wins every choice."""
+    import shutil
+
+    import pyarrow as pa
+    from trl import SFTConfig, SFTTrainer
+
+    from halo_agent.actions import labelled_answer
+    from halo_train.data import bc_dataset, read_view
+    from halo_train.tiny_model import build_tiny_model
+    from halo_train.trainer_utils import activation_checkpointing, quiet_hub
+
+    quiet_hub()
+    staging = model.with_name(model.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny_model(staging, hidden_size=a.hidden_size, layers=a.layers, vocab_size=a.vocab_size)
+    read = read_view(lake, "bc_rows", where="run_id like 'warmup-%'", view_params={"top_percent": float(a.warmup_top_percent)}, job_type="bc")
+    rows = []
+    for r in read.table.select(["prompt", "completion"]).to_pylist():
+        page = json.loads(r["prompt"])[-1]["content"]
+        answer = labelled_answer(r["completion"], page)
+        if answer is not None:
+            rows.append({"prompt": r["prompt"], "completion": answer})
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(staging)
+    net = AutoModelForCausalLM.from_pretrained(staging)
+    with tempfile.TemporaryDirectory(prefix="halo-labelled-warmup-") as tmp:
+        args = SFTConfig(output_dir=tmp, max_steps=a.warmup_steps, per_device_train_batch_size=8, learning_rate=3e-3,
+                         lr_scheduler_type="constant", warmup_steps=0, logging_steps=max(1, a.warmup_steps // 4),
+                         save_strategy="no", report_to="none", seed=0, bf16=False, **activation_checkpointing(False),
+                         max_length=None, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+        trainer = SFTTrainer(model=net, args=args, train_dataset=bc_dataset(pa.Table.from_pylist(rows)), processing_class=tokenizer)
+        result = trainer.train()
+    net.save_pretrained(staging)
+    info = json.loads((staging / "halo_tiny_model.json").read_text())
+    info["warmup"] = {"steps": a.warmup_steps, "rows": len(rows), "final_loss": float(result.training_loss),
+                      "answers": "labelled choices", "lineage": read.lineage}
+    (staging / "halo_tiny_model.json").write_text(json.dumps(info, indent=2, default=str))
+    shutil.rmtree(model, ignore_errors=True)
+    staging.rename(model)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,8 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
 _ACTION_LABEL = re.compile(r"(?im)^\s*(?:final\s+)?(?:next\s+)?action\s*[:=]\s*")
 _BRACKET_BID = re.compile(r"^\s*\[?\s*(?:bid\s*=\s*)?['\"]?([A-Za-z]*\d+[A-Za-z0-9_-]*)['\"]?\s*\]?\s*$")
 _AXTREE_BID = re.compile(r"\[([A-Za-z]*\d+[A-Za-z0-9_-]*)\]")
+# A whole-line Python comment (a labelled choice's label, a markdown heading): not where the action is.
+_COMMENT_LINE = re.compile(r"(?m)^[ \t]*#[^\n]*(?:\n|$)")
 _WEBARENA = re.compile(r"^\s*(click|hover|type|press|scroll|stop|goto|go_back|go_forward)\s*\[", re.IGNORECASE)
 
 
@@ -180,19 +182,61 @@ def format_action(name: str, args: Sequence[Any]) -> str:
     return f"{name}({', '.join(_literal(a) for a in args)})"
 
 
-def page_actions(elements: Sequence[Element]) -> list[str]:
+def page_actions(elements: Sequence[Element], labels: bool = False) -> list[str]:
     """The actions a page offers as a closed list (for decoding constrained to them), in page order.
 
     A click on every clickable or fillable element (a fill's text cannot be listed) and one
     ``select_option`` per option of a select; ``noop()`` on a page that offers nothing.
+
+    ``labels``: each action comes after a comment line naming its element as the page shows it,
+    ``# 'Tab #2'\nclick('21')`` (see :func:`labelled_choice`). The label comes first, so a model
+    scoring the choice says which element it means (words it can copy from the goal) before the id.
     """
     actions: list[str] = []
     for element in elements:
         if element.kind == "select" and element.options:
-            actions.extend(format_action("select_option", [element.bid, option]) for option in element.options)
+            calls = [format_action("select_option", [element.bid, option]) for option in element.options]
         else:
-            actions.append(format_action("click", [element.bid]))
+            calls = [format_action("click", [element.bid])]
+        actions.extend(labelled_choice(call, choice_label(element)) if labels else call for call in calls)
     return list(dict.fromkeys(actions)) or ["noop()"]
+
+
+CHOICE_LABEL_CHARS = 40  # the most characters of an element's name a labelled choice carries
+
+
+def choice_label(element: Element) -> str:
+    """How a labelled choice names its element: its accessible name quoted as the page lines show it
+    (``'Tab #2'``), else its role (``textbox``); one line, at most CHOICE_LABEL_CHARS characters of the name."""
+    name = " ".join(str(element.name or "").split())[:CHOICE_LABEL_CHARS]
+    return f"'{name}'" if name else (" ".join(str(element.role or "").split()) or "element")
+
+
+def labelled_choice(action: str, label: str) -> str:
+    """``# LABEL`` then the action on the next line: valid Python, so valid BrowserGym code as it stands;
+    :func:`parse_action` reads the action and drops the comment (the canonical action is what runs)."""
+    return f"# {' '.join(label.split())}\n{action}"
+
+
+_ELEMENT_LINE = re.compile(r"^\s*\[([^\]]+)\] (\S+) '(.*)'\s*$")
+
+
+def labelled_answer(answer: str, page: str) -> str | None:
+    """The labelled-choice form of a stored answer (``click('21')`` -> ``# 'Tab #2'\nclick('21')``), naming its
+    element as the page the step saw shows it (``[21] link 'Tab #2'`` lines); None where the answer is no
+    element action or its element is not on that page. Turns steps stored without labels (the random
+    policy's) into examples of the labelled answer format."""
+    try:
+        parsed = parse_action_detailed(answer)
+    except ActionParseError:
+        return None
+    if not parsed.args or ACTION_SIGNATURES[parsed.name][0][:1] != (BID,):
+        return None
+    for line in (page or "").splitlines():
+        m = _ELEMENT_LINE.match(line)
+        if m and m.group(1) == parsed.args[0]:
+            return labelled_choice(parsed.action, choice_label(Element(m.group(1), m.group(2), m.group(3), "click")))
+    return None
 
 
 def bids_in_axtree(axtree: str) -> set[str]:
@@ -209,6 +253,10 @@ def _extract_call(text: str, repairs: list[str]) -> tuple[str, list[Any], dict[s
     if cleaned != text:
         repairs.append("replaced typographic quotes")
     cleaned = re.sub(r"<think>.*?</think>", "", cleaned, flags=re.DOTALL | re.IGNORECASE)
+    uncommented = _COMMENT_LINE.sub("", cleaned)
+    if uncommented.strip() and uncommented != cleaned:
+        repairs.append("dropped comment lines")
+        cleaned = uncommented
 
     candidates: list[str] = []
     for lang, body in _FENCE.findall(cleaned):

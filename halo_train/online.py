@@ -116,11 +116,13 @@ class OnlineConfig(ServedLoopConfig):
     observation: str = _field("axtree", "The page in the prompt: axtree (the whole tree) | elements (only the elements a policy may act on).", choices=("axtree", "elements"))
     reward_config: str | None = _field(None, "Reward rules and weights YAML for the rollouts (default: halo_agent/configs/rewards.yaml; rewards-success.yaml pays for success only).")
     constrain_actions: bool = _field(False, "Constrain decoding to the page's actions (vLLM's structured-output choice; the chat server the same): every answer parses.")
+    choice_labels: bool = _field(False, "With --constrain-actions: each choice names its element first (# 'Tab #2' then click('21')), so its log-probability includes words the goal names; the step's action stays the canonical call.")
     init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
     group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
+    replay_iterations: int = _field(1, "Each update reads the groups of this many latest iterations (this one included); --max-staleness still drops rows sampled by versions too old.")
     lr: float = _field(1e-5, "Learning rate of each update.")
     eval_every: int = _field(0, "Evaluate the served version on held-out task seeds every N iterations (0: never).")
     eval_tasks: list = _field([], "Tasks to evaluate (default: --tasks).")
@@ -139,7 +141,7 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError(f"--group-by {self.group_by} is not built yet: use --group-by episode")
         if self.beta < 0:
             raise OnlineError(f"--beta must be 0 (no KL) or positive, got {self.beta}")
-        for name in ("group_size", "seeds_per_iteration", "max_episode_steps", "eval_seeds", "eval_attempts"):
+        for name in ("group_size", "seeds_per_iteration", "max_episode_steps", "eval_seeds", "eval_attempts", "replay_iterations"):
             if int(getattr(self, name)) < 1:
                 raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.group_size < 2:
@@ -153,6 +155,8 @@ class OnlineConfig(ServedLoopConfig):
                 f"train task seeds {train_seeds.start}..{train_seeds.stop - 1} overlap held-out seeds "
                 f"{eval_seeds.start}..{eval_seeds.stop - 1}: raise --eval-seed-start past {train_seeds.stop - 1}"
             )
+        if self.choice_labels and not self.constrain_actions:
+            raise OnlineError("--choice-labels labels the choices of constrained decoding: add --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
 
@@ -209,7 +213,8 @@ def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained:
     }
     it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": served.name or base_name,
                           "sampled_version": served.version, "task_seed": first_seed, "task_seeds": cfg.seeds_per_iteration}
-    update = _update(cfg, lake, rollout.run_id, served, trained, run_id) if stats["n_trainable_groups"] else None
+    replayed = [f"{run_id}-k{j}" for j in range(max(0, k - cfg.replay_iterations + 1), k + 1)]
+    update = _update(cfg, lake, replayed, served, trained, run_id) if stats["n_trainable_groups"] else None
     it["_trained"], it["_served"] = trained, served
     if update is None:
         flat = not stats["n_trainable_groups"]
@@ -247,7 +252,7 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     through_engine = dict(
         model=base_name, adapter=served.name, policy_version=str(served.version),
         policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens, "constrain_actions": cfg.constrain_actions,
-                        **screenshot_options(cfg)},
+                        "choice_labels": cfg.choice_labels, **screenshot_options(cfg)},
     ) if policy == "openai" else {}
     return run_rollouts(RolloutConfig(
         env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
@@ -304,8 +309,12 @@ def _run_stats(lake: Lake, run_id: str, weights: dict[str, float]) -> dict[str, 
 # ---------------------------------------------------------------------------------------- updating
 
 
-def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, trained: Served, run_id: str) -> dict[str, Any] | None:
-    """Train ``trained`` on the rollout run's rows into ``OUTPUT/policy-{v+1}``; an adapter already saved is adopted."""
+def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Served, trained: Served, run_id: str) -> dict[str, Any] | None:
+    """Train ``trained`` on the rollout runs' rows into ``OUTPUT/policy-{v+1}``; an adapter already saved is adopted.
+
+    One rollout run (the default): only its rows of the served version. Several (--replay-iterations): all
+    their rows, each group kept with its own version and stored logprobs, --max-staleness dropping the oldest.
+    """
     from halo_train.grpo import train_grpo
     from halo_train.trainer_utils import STATS_FILE
 
@@ -317,7 +326,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
         try:
             train_grpo(GRPOConfig(
                 lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
-                run_id=f"{run_id}-u{version}", where=f"run_id = '{rollout_run}' and policy_version = '{served.version}'",
+                run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served),
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
                 params=_view_weights(cfg),
@@ -342,6 +351,13 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_run: str, served: Served, tra
         "metrics": {"update_seconds": stats.get("update_seconds"),
                     **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean", "kl") if m in trainer_metrics}},
     }
+
+
+def _rows_of(rollout_runs: list[str], served: Served) -> str:
+    """The update's filter on grpo_groups: the latest rollout run's rows of the served version, or the replayed runs'."""
+    if len(rollout_runs) == 1:
+        return f"run_id = '{rollout_runs[0]}' and policy_version = '{served.version}'"
+    return "run_id in (" + ", ".join(f"'{r}'" for r in rollout_runs) + ")"
 
 
 @contextlib.contextmanager

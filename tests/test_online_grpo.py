@@ -170,6 +170,8 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     (["--serve", "--eval-seed-start", "5", "--iterations", "3", "--seeds-per-iteration", "2"],
      "Error: train task seeds 0..5 overlap held-out seeds 5..6"),
     (["--serve", "--group-by", "state"], "Error: Invalid value for '--group-by'"),
+    (["--serve", "--choice-labels"], "Error: --choice-labels labels the choices of constrained decoding: add --constrain-actions"),
+    (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     from click.testing import CliRunner
@@ -220,3 +222,43 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
     for s in steps[:3]:
         assert s["logprob_sum"] == pytest.approx(completion_logprobs(model, tokenizer, s["prompt"], s["model_output"]), abs=1e-3)
+
+
+def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from halo_agent.actions import parse_action
+    from halo_train.grpo import completion_logprobs
+    from halo_train.online import run_online
+    from halo_train.tiny_model import build_tiny_model
+    from halo_train.trainer_utils import STATS_FILE
+
+    # Untrained weights: the choices are near equally likely, so the groups have a reward spread to train on.
+    tiny = str(build_tiny_model(tmp_path / "tiny"))
+    cfg = online_config(tiny, tmp_path, serve=True, iterations=2, tasks=["click-button"], group_size=4,
+                        seeds_per_iteration=2, constrain_actions=True, choice_labels=True, observation="elements",
+                        replay_iterations=2, max_staleness=1)
+    summary = run_online(cfg, echo=lambda line: None)
+
+    steps = query(cfg.lake, "select run_id, policy_version, parse_error, action, model_output, prompt, logprob_sum "
+                            "from steps order by run_id, episode_id, step_idx")
+    assert steps and all(s["parse_error"] is None for s in steps)
+    for s in steps:  # the answer names its element first; the action that ran is the canonical call
+        label, call = s["model_output"].split("\n", 1)
+        assert label.startswith("# ") and call == s["action"] == parse_action(s["model_output"])[0]
+        page = json.loads(s["prompt"])[1]["content"]
+        bid = s["action"].split("'")[1]
+        line = next(line for line in page.splitlines() if line.startswith(f"[{bid}] "))
+        assert line.endswith(label[2:]) or label[2:] == line.split()[1]  # the element's name as the page shows it, or its role
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    for s in [s for s in steps if s["policy_version"] == "0"][:3]:  # the behaviour logprob includes the label
+        assert s["logprob_sum"] == pytest.approx(completion_logprobs(model, tokenizer, s["prompt"], s["model_output"]), abs=1e-3)
+
+    # --replay-iterations 2: an update after iteration 1 reads both iterations' groups (v0's rows are 1 version stale).
+    trained = [it for it in summary.iterations if it["update"] == "trained"]
+    assert trained, "no iteration had a reward spread to train on"
+    for it in trained:
+        stats = json.loads((Path(it["adapter"]) / STATS_FILE).read_text())
+        where = json.dumps(stats)
+        runs = [f"online-k{j}" for j in range(it["iteration"] + 1)][-2:]
+        assert all(r in where for r in runs), where[:500]

@@ -20,6 +20,9 @@ dropped); screenshot mode resolves the prompt's image references to base64 PNG
 ``select_option`` per option) through vLLM's structured outputs
 (``structured_outputs: {"choice": [...]}``), which HALO's chat server answers too:
 every answer parses, so what is left to learn is which element to act on.
+``choice_labels=True`` (with ``constrain_actions``) puts a comment line naming the element before each
+choice, ``# 'Tab #2'\nclick('21')``: the answer (``model_output``) carries the label, the step's action is the
+canonical call (``click('21')``), and a choice's sequence log-probability includes the label's words.
 
 Each call asks for ``n`` samples: the first is the action, all of them are in
 ``last_samples`` (for the ``candidates`` table). 429s, 5xx, timeouts and
@@ -134,6 +137,7 @@ class OpenAIPolicy:
         image_loader: Callable[[str], tuple[bytes, str]] | None = None,
         seed: int | None = None,
         constrain_actions: bool = False,
+        choice_labels: bool = False,
         **_ignored: Any,
     ) -> None:
         import openai
@@ -178,6 +182,11 @@ class OpenAIPolicy:
         if not isinstance(constrain_actions, bool):
             raise PolicyConfigError(f"constrain_actions must be true or false, got {constrain_actions!r}")
         self.constrain_actions = constrain_actions
+        if not isinstance(choice_labels, bool):
+            raise PolicyConfigError(f"choice_labels must be true or false, got {choice_labels!r}")
+        if choice_labels and not constrain_actions:
+            raise PolicyConfigError("choice_labels labels the choices of constrained decoding: set constrain_actions too")
+        self.choice_labels = choice_labels
         self._dropped_params: set[str] = set()
         self._slot = _concurrency_slot(self.base_url, self.max_concurrent)
         # Retries are ours (counted, with our backoff), so the client's own are off.
@@ -211,6 +220,7 @@ class OpenAIPolicy:
             "max_retries": self.max_retries,
             "max_concurrent": self.max_concurrent,
             "constrain_actions": self.constrain_actions,
+            "choice_labels": self.choice_labels,
         }
 
     # ------------------------------------------------------------------ policy protocol
@@ -226,7 +236,7 @@ class OpenAIPolicy:
             return PolicyOutput(model_output=None, action=None, api_error=self._scrub(f"cannot build the request: {e}"),
                                 latency_ms=_ms(started))
         try:
-            choices = page_actions(obs.elements) if self.constrain_actions else None
+            choices = page_actions(obs.elements, labels=self.choice_labels) if self.constrain_actions else None
             response = self._complete(messages, obs.step_idx, choices)
         except PolicyAPIError as e:
             self.last_samples = []
