@@ -38,9 +38,10 @@ DEFAULT_PORTS = {"gomail": DEFAULT_PORT, "omnizon": 8378, "gocalendar": 8379}
 SITES = tuple(DEFAULT_PORTS)
 
 # The contract's endpoints: pages shared by every clone (``contract/``) that call the clone's own ``/state.js``
-# (``freshState``, ``saveState``, ``loadState``, ``stateDiff``), so they do the work in the browser.
+# (``STATE_KEY``, ``freshState``, ``stateDiff``) and the shared ``/contract.js`` (``loadState``, ``saveState``),
+# so they do the work in the browser.
 CONTRACT_DIR = SITES_DIR / "contract"
-_CONTRACT_ROUTES = {"/config": "config.html", "/finish": "finish.html", "/submit": "finish.html"}
+_CONTRACT_ROUTES = {"/config": "config.html", "/finish": "finish.html", "/submit": "finish.html", "/contract.js": "contract.js"}
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                   ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
 

@@ -39,19 +39,7 @@ function freshState(taskId, runId) {
   };
 }
 
-function loadState() {
-  const raw = window.localStorage.getItem(STATE_KEY);
-  if (raw) {
-    try { return JSON.parse(raw); } catch (e) { /* fall through to a fresh mailbox */ }
-  }
-  const state = freshState("", "0");
-  saveState(state);
-  return state;
-}
-
-function saveState(state) {
-  window.localStorage.setItem(STATE_KEY, JSON.stringify(state));
-}
+// loadState() and saveState(): /contract.js, shared by every clone.
 
 function stateDiff(state) {
   const before = new Map(state.initial.emails.map(e => [e.id, e]));

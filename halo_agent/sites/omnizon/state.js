@@ -32,19 +32,7 @@ function freshState(taskId, runId) {
   return {taskId: taskId || "", runId: runId || "0", nextOrder: 1, initial: JSON.parse(JSON.stringify(app)), current: app};
 }
 
-function loadState() {
-  const raw = window.localStorage.getItem(STATE_KEY);
-  if (raw) {
-    try { return JSON.parse(raw); } catch (e) { /* fall through to a fresh shop */ }
-  }
-  const state = freshState("", "0");
-  saveState(state);
-  return state;
-}
-
-function saveState(state) {
-  window.localStorage.setItem(STATE_KEY, JSON.stringify(state));
-}
+// loadState() and saveState(): /contract.js, shared by every clone.
 
 // ---------------------------------------------------------------- deep diff (deep-object-diff's rules)
 
