@@ -3,20 +3,23 @@ import sys
 
 # python -m bench NAME [options]: one measurement each; no name runs the lake's speed and memory suite (bench/run.py).
 COMMANDS = {
-    "online": "bench.online",  # online GRPO: held-out success of start, random and final
-    "ray": "bench.ray_rollout",  # Ray workers against the local pool
-    "os": "bench.os_env",  # the os environment's sandbox and rollout speed
-    "os-ppo": "bench.os_ppo",  # reward per PPO epoch on short os tasks
-    "vlm": "bench.vlm",  # image tokens per step and peak memory of a VLM job
-    "hierarchy": "bench.hierarchy",  # the verified action cache and loop recovery
-    "search": "bench.search",  # MCTS against best-of-N at one env-step budget
-    "task-progress": "bench.task_progress",  # task-aware vs milestone progress: partial solution against random clicking
+    "online": ("bench.online", "online GRPO: held-out success of start, random and final"),
+    "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
+    "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
+    "os-ppo": ("bench.os_ppo", "reward per PPO epoch on short os tasks"),
+    "vlm": ("bench.vlm", "image tokens per step and peak memory of a VLM job"),
+    "hierarchy": ("bench.hierarchy", "the verified action cache and loop recovery"),
+    "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),
+    "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),
 }
 
 if __name__ == "__main__":
     if sys.argv[1:2] and sys.argv[1] in COMMANDS:
-        importlib.import_module(COMMANDS[sys.argv[1]]).main(sys.argv[2:])
+        importlib.import_module(COMMANDS[sys.argv[1]][0]).main(sys.argv[2:])
     else:
+        if sys.argv[1:2] in (["-h"], ["--help"]):
+            print("Other benchmarks: python -m bench NAME [--help], NAME one of:\n" + "".join(
+                f"  {name:<14} {what}\n" for name, (_, what) in COMMANDS.items()))
         from bench.run import main
 
         main()
