@@ -108,7 +108,7 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", busy)
     with ChatCompletionServer(LocalChatModel(tiny, device="cpu"), served_model_name="tiny") as server:
         lines: list[str] = []
-        cfg = online_config(tiny, tmp_path, engine_url=server.url)
+        cfg = online_config(tiny, tmp_path, engine_url=server.url, seeds_per_iteration=2)  # two groups: see above
         summary = run_online(cfg, echo=lines.append)
         assert set(EngineClient(server.url).models()) == {"tiny"}  # no policy-* was ever loaded
 
@@ -116,7 +116,7 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     assert "still serving the base model" in lines[0] and "503 engine busy" in lines[0]
     # Both iterations' rows stay, and iteration 1 was sampled (and labelled) by version 0, the one still served.
     rows = query(cfg.lake, "select run_id, policy_version, count(*) n from episodes group by all order by run_id")
-    assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 8), ("online-k1", "0", 8)]
+    assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 16), ("online-k1", "0", 16)]
     # The update went on from policy-1 (trained once), reading rows one version stale.
     assert (Path(cfg.output_dir) / "policy-2" / "adapter_config.json").exists()
     iterations = json.loads(query(cfg.lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
