@@ -182,18 +182,25 @@ def format_action(name: str, args: Sequence[Any]) -> str:
     return f"{name}({', '.join(_literal(a) for a in args)})"
 
 
+def compact_elements(elements: Sequence[Element]) -> list[Element]:
+    """The elements without those that wrap a same-named element (a tab and its link are one thing to act on):
+    what the elements observation lists and what constrained decoding offers."""
+    return [e for e in elements if not e.wraps]
+
+
 def page_actions(elements: Sequence[Element], labels: bool = False) -> list[str]:
     """The actions a page offers as a closed list (for decoding constrained to them), in page order.
 
     A click on every clickable or fillable element (a fill's text cannot be listed) and one
-    ``select_option`` per option of a select; ``noop()`` on a page that offers nothing.
+    ``select_option`` per option of a select; ``noop()`` on a page that offers nothing. An element that
+    wraps a same-named one (``Element.wraps``) is offered once, as the inner element.
 
     ``labels``: each action comes after a comment line naming its element as the page shows it,
     ``# 'Tab #2'\nclick('21')`` (see :func:`labelled_choice`). The label comes first, so a model
     scoring the choice says which element it means (words it can copy from the goal) before the id.
     """
     actions: list[str] = []
-    for element in elements:
+    for element in compact_elements(elements):
         if element.kind == "select" and element.options:
             calls = [format_action("select_option", [element.bid, option]) for option in element.options]
         else:

@@ -20,6 +20,9 @@ class Element:
     name: str  # accessible name
     kind: str  # "click" | "fill" | "select"
     options: tuple[str, ...] = ()  # for "select"
+    # The bid of an element inside this one with the same accessible name (a tab wrapping its link): the page
+    # offers one thing twice, and compact views (the elements observation, constrained choices) list the inner one.
+    wraps: str | None = None
 
 
 @dataclasses.dataclass

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable, Sequence
 PROMPT_VERSION = "halo-prompt-v1"
 # What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on.
 OBSERVATION_FORMATS = ("axtree", "elements")
-PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v1-elements"}
+# v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one.
+PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v2-elements"}
 
 MAX_OBSERVATION_CHARS = 6000
 HISTORY_LENGTH = 3

@@ -7,7 +7,8 @@
     path = build_tiny_model("models/tiny", warmup_lake="lake", steps=60)
 
 The tokenizer is a byte-level BPE (vocabulary ~512) trained on the prompt
-renderer's own text and on BrowserGym action strings, wrapped as a
+renderer's own text and on BrowserGym action strings (a larger ``vocab_size`` adds MiniWoB's
+button and tab words and element ids 10-199 as whole tokens), wrapped as a
 ``PreTrainedTokenizerFast`` with Qwen's ChatML template (``<|im_start|>`` /
 ``<|im_end|>``), so chat prompts, TRL and vLLM-style serving work as with a real
 Qwen model. The model is ``Qwen2ForCausalLM`` with hidden size 64, 2 layers and
@@ -57,6 +58,10 @@ def _corpus(ui_words: bool = False) -> Iterator[str]:
     if ui_words:
         for k in range(40):
             yield "\n".join(f'[{k + j}] button \'{w}\' Click on the "{w}" button. Tab #{j % 4}' for j, w in enumerate(_UI_WORDS))
+        # Element ids as whole tokens ([19] is '19', not '1' '9'): a digit the goal names (Tab #1) is then
+        # not also spelled by every id on the page.
+        for _ in range(4):
+            yield "\n".join(f"[{i}] link click('{i}')" for i in range(10, 200))
     yield prompts.SYSTEM_PROMPT
     yield prompts.SYSTEM_PROMPT_SCREENSHOT
     for i in range(300):

@@ -126,3 +126,42 @@ def test_a_stored_answer_gets_the_label_of_the_element_it_acted_on():
     elements = ELEMENTS[:3]
     page = prompts.elements_text((e.bid, e.role, e.name) for e in elements)
     assert [labelled_answer(a, page) for a in page_actions(elements)] == page_actions(elements, labels=True)
+
+
+def test_an_element_wrapping_a_same_named_one_is_listed_once_as_the_inner_one():
+    """A tab whose link carries the same name is one thing to act on: the compact views list the link only."""
+    from halo_agent.actions import compact_elements
+    from halo_agent.envs.base import elements_from_axtree
+
+    def node(node_id, bid, role, name, children=()):
+        return {"nodeId": node_id, "browsergym_id": bid, "role": {"value": role}, "name": {"value": name},
+                "childIds": list(children)}
+
+    axtree = {"nodes": [
+        node("1", "17", "tablist", "", ["2", "4"]),
+        node("2", "18", "tab", "Tab #1", ["3"]), node("3", "19", "link", "Tab #1", ["5"]),
+        node("4", "20", "tab", "Tab #2", ["6"]), node("6", "21", "link", "Second"),  # a different name: both stay
+        {"nodeId": "5", "role": {"value": "StaticText"}, "name": {"value": "Tab #1"}},
+    ]}
+    elements = elements_from_axtree(axtree, {"17": {"clickable": True}})  # as BrowserGym marks the tablist
+    assert [(e.bid, e.wraps) for e in elements] == [("17", None), ("18", "19"), ("19", None), ("20", None), ("21", None)]
+    assert [e.bid for e in compact_elements(elements)] == ["17", "19", "20", "21"]
+    assert page_actions(elements, labels=True)[:2] == ["# tablist\nclick('17')", "# 'Tab #1'\nclick('19')"]
+    assert parse_action("click('18')", elements=elements)[0] == "click('18')"  # the wrapper is still a valid target
+
+
+def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once(tmp_path):
+    import json
+
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_data.lake import Lake
+
+    run_rollouts(RolloutConfig(env="miniwob", tasks=["click-tab"], rollouts_per_task=1, policy="random", observation="elements",
+                               max_steps=1, task_seed=3, seed=0, lake=str(tmp_path / "lake"), run_id="tabs", progress=False))
+    step = Lake.open(str(tmp_path / "lake")).query_arrow("select prompt, prompt_version from steps").to_pylist()[0]
+    page = json.loads(step["prompt"])[-1]["content"].split("Page:\n", 1)[1]
+    names = [line.split(" ", 2)[2] for line in page.splitlines() if line.startswith("[")]
+    tabs = [n for n in names if "Tab #" in n]
+    assert len(tabs) >= 2 and len(tabs) == len(set(tabs))
+    assert all(line.split()[1] == "link" for line in page.splitlines() if "Tab #" in line)
+    assert step["prompt_version"] == "halo-prompt-v2-elements"

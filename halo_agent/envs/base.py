@@ -198,6 +198,26 @@ def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any
         else:
             continue
         seen.add(bid)
+    return _mark_wrappers(out, nodes, by_id)
+
+
+def _mark_wrappers(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]]) -> list[Element]:
+    """Mark each element that contains another listed element of the same non-empty name (``wraps`` = the inner bid)."""
+    listed = {e.bid: e for e in elements}
+    node_of = {n.get("browsergym_id"): n for n in nodes if n.get("browsergym_id") in listed}
+    out = []
+    for element in elements:
+        inner = None
+        stack = list(node_of[element.bid].get("childIds", [])) if element.name else []
+        while stack and inner is None:
+            child = by_id.get(stack.pop(0))
+            if child is None:
+                continue
+            other = listed.get(child.get("browsergym_id"))
+            if other is not None and other.bid != element.bid and other.name == element.name:
+                inner = other.bid
+            stack.extend(child.get("childIds", []))
+        out.append(dataclasses.replace(element, wraps=inner) if inner else element)
     return out
 
 

@@ -26,6 +26,7 @@ from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.runs import utc_now
 from halo_data.writer import Screenshot
 
+from halo_agent.actions import compact_elements
 from halo_agent.candidates import score_candidates
 from halo_agent.envs.base import Element, EnvError, PageState, StepOutcome, element_for_action
 from halo_agent.restore import StatePath
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool,
                       screenshot_hash: str | None, site: str | None = None, observation_format: str = "axtree") -> Observation:
     """What the policy sees at a step; ``observation_format`` (``prompts.OBSERVATION_FORMATS``) picks the page text."""
-    text = page.axtree if observation_format == "axtree" else prompts.elements_text((e.bid, e.role, e.name) for e in page.elements)
+    text = page.axtree if observation_format == "axtree" else prompts.elements_text((e.bid, e.role, e.name) for e in compact_elements(page.elements))
     # An environment that keeps its own chat history (os) hands the prompt over whole.
     messages = page.extra.get("messages") or prompts.render_messages(
         goal=page.goal,
