@@ -19,7 +19,9 @@ from typing import Any, Callable, Iterable, Sequence
 PROMPT_VERSION = "halo-prompt-v1"
 # What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on.
 OBSERVATION_FORMATS = ("axtree", "elements")
-# v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one.
+# v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one, and
+# the goal comes after the page (render_messages' goal_last).
+GOAL_LAST = {"axtree": False, "elements": True}
 PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v2-elements"}
 
 MAX_OBSERVATION_CHARS = 6000
@@ -55,20 +57,26 @@ def render_messages(
     max_observation_chars: int = MAX_OBSERVATION_CHARS,
     history_length: int = HISTORY_LENGTH,
     plan: str | None = None,
+    goal_last: bool = False,
 ) -> list[dict[str, Any]]:
-    """Chat messages for one step (version ``PROMPT_VERSION``); ``plan`` is a manager's plan or sub-goal."""
+    """Chat messages for one step (version ``PROMPT_VERSION``); ``plan`` is a manager's plan or sub-goal.
+
+    ``goal_last`` (the elements format, ``PROMPT_VERSIONS['elements']``): the goal comes after the page, right
+    before the answer, where a small model reads it last instead of across the whole page.
+    """
     obs = observation or ""
     if len(obs) > max_observation_chars:
         obs = obs[:max_observation_chars] + "\n[... truncated]"
     recent = list(history)[-history_length:] if history_length > 0 else []
     hist = "\n".join(f"- {a}" for a in recent) if recent else "(none)"
+    goal_line = f"Goal: {goal}\n" + (f"Plan: {plan}\n" if plan else "")
     text = (
-        f"Goal: {goal}\n"
-        + (f"Plan: {plan}\n" if plan else "")
+        ("" if goal_last else goal_line)
         + f"URL: {url}\n"
         f"Previous actions:\n{hist}\n"
         f"Page:\n{obs}\n"
-        "Next action:"
+        + (goal_line if goal_last else "")
+        + "Next action:"
     )
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
     return with_screenshot(messages, screenshot_hash) if use_screenshot and screenshot_hash else messages

@@ -150,7 +150,7 @@ def test_an_element_wrapping_a_same_named_one_is_listed_once_as_the_inner_one():
     assert parse_action("click('18')", elements=elements)[0] == "click('18')"  # the wrapper is still a valid target
 
 
-def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once(tmp_path):
+def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once_then_the_goal(tmp_path):
     import json
 
     from halo_agent.rollout import RolloutConfig, run_rollouts
@@ -159,9 +159,12 @@ def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once(tmp_pat
     run_rollouts(RolloutConfig(env="miniwob", tasks=["click-tab"], rollouts_per_task=1, policy="random", observation="elements",
                                max_steps=1, task_seed=3, seed=0, lake=str(tmp_path / "lake"), run_id="tabs", progress=False))
     step = Lake.open(str(tmp_path / "lake")).query_arrow("select prompt, prompt_version from steps").to_pylist()[0]
-    page = json.loads(step["prompt"])[-1]["content"].split("Page:\n", 1)[1]
+    text = json.loads(step["prompt"])[-1]["content"]
+    page = text.split("Page:\n", 1)[1]
+    assert text.splitlines()[-2:] == [f"Goal: {text.split('Goal: ', 1)[1].splitlines()[0]}", "Next action:"]
+    assert text.count("Goal: ") == 1 and "Tab #" in text.splitlines()[-2]  # the goal comes after the page, once
     names = [line.split(" ", 2)[2] for line in page.splitlines() if line.startswith("[")]
     tabs = [n for n in names if "Tab #" in n]
     assert len(tabs) >= 2 and len(tabs) == len(set(tabs))
-    assert all(line.split()[1] == "link" for line in page.splitlines() if "Tab #" in line)
+    assert all(line.split()[1] == "link" for line in page.splitlines() if line.startswith("[") and "Tab #" in line)
     assert step["prompt_version"] == "halo-prompt-v2-elements"

@@ -50,6 +50,7 @@ def build_observation(page: PageState, task_id: str, history: Sequence[str], ste
         history=history,
         screenshot_hash=screenshot_hash,
         use_screenshot=use_screenshot,
+        goal_last=prompts.GOAL_LAST[observation_format],
     )
     return Observation(
         goal=page.goal,
