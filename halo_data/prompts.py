@@ -20,7 +20,7 @@ PROMPT_VERSION = "halo-prompt-v1"
 # What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on.
 OBSERVATION_FORMATS = ("axtree", "elements")
 # v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one, and
-# the goal comes after the page (render_messages' goal_last).
+# the goal comes after the page and a local file's URL is its file name (render_messages' goal_last).
 GOAL_LAST = {"axtree": False, "elements": True}
 PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v2-elements"}
 
@@ -62,7 +62,8 @@ def render_messages(
     """Chat messages for one step (version ``PROMPT_VERSION``); ``plan`` is a manager's plan or sub-goal.
 
     ``goal_last`` (the elements format, ``PROMPT_VERSIONS['elements']``): the goal comes after the page, right
-    before the answer, where a small model reads it last instead of across the whole page.
+    before the answer, where a small model reads it last instead of across the whole page; a local file's URL
+    is shown as its file name (see :func:`compact_url`).
     """
     obs = observation or ""
     if len(obs) > max_observation_chars:
@@ -72,7 +73,7 @@ def render_messages(
     goal_line = f"Goal: {goal}\n" + (f"Plan: {plan}\n" if plan else "")
     text = (
         ("" if goal_last else goal_line)
-        + f"URL: {url}\n"
+        + f"URL: {compact_url(url) if goal_last else url}\n"
         f"Previous actions:\n{hist}\n"
         f"Page:\n{obs}\n"
         + (goal_line if goal_last else "")
@@ -80,6 +81,14 @@ def render_messages(
     )
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
     return with_screenshot(messages, screenshot_hash) if use_screenshot and screenshot_hash else messages
+
+
+def compact_url(url: str) -> str:
+    """A ``file://`` URL as its file name: where a task's page is installed says nothing about the page, and its
+    path's digits (``python3.11``) would read like the page's; other URLs as they are."""
+    if url.startswith("file://"):
+        return url.rstrip("/").rsplit("/", 1)[-1]
+    return url
 
 
 def with_screenshot(messages: list[dict[str, Any]], screenshot_hash: str) -> list[dict[str, Any]]:

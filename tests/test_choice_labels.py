@@ -162,6 +162,7 @@ def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once_then_th
     text = json.loads(step["prompt"])[-1]["content"]
     page = text.split("Page:\n", 1)[1]
     assert text.splitlines()[-2:] == [f"Goal: {text.split('Goal: ', 1)[1].splitlines()[0]}", "Next action:"]
+    assert "URL: click-tab.html\n" in text  # a local file's URL is its file name: no install path in the prompt
     assert text.count("Goal: ") == 1 and "Tab #" in text.splitlines()[-2]  # the goal comes after the page, once
     names = [line.split(" ", 2)[2] for line in page.splitlines() if line.startswith("[")]
     tabs = [n for n in names if "Tab #" in n]
