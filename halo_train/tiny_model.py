@@ -8,7 +8,7 @@
 
 The tokenizer is a byte-level BPE (vocabulary ~512) trained on the prompt
 renderer's own text and on BrowserGym action strings (a larger ``vocab_size`` adds MiniWoB's
-button and tab words and element ids 10-199 as whole tokens), wrapped as a
+button and tab words, element ids 10-199 and '#1'...'#9' as whole tokens), wrapped as a
 ``PreTrainedTokenizerFast`` with Qwen's ChatML template (``<|im_start|>`` /
 ``<|im_end|>``), so chat prompts, TRL and vLLM-style serving work as with a real
 Qwen model. The model is ``Qwen2ForCausalLM`` with hidden size 64, 2 layers and
@@ -53,6 +53,11 @@ _UI_WORDS = ("submit", "okay", "ok", "yes", "no", "cancel", "next", "previous", 
 _WORDS = ("Submit", "Cancel", "Search", "Home", "Next", "Previous", "Login", "Email", "Password", "Name", "OK", "Yes", "No")
 
 
+# GPT-2's pre-tokenizer pattern with one alternative first: '#' and the number after it (a tab's or an item's
+# number) are one piece, so a label's distinguishing part is one token, as a button's word is.
+_NUMBERED_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?#\p{N}+| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
 def _corpus(ui_words: bool = False) -> Iterator[str]:
     """Text the tokenizer should compress well: the renderer's prompts and action strings (and page words)."""
     if ui_words:
@@ -62,6 +67,7 @@ def _corpus(ui_words: bool = False) -> Iterator[str]:
         # not also spelled by every id on the page.
         for _ in range(4):
             yield "\n".join(f"[{i}] link click('{i}')" for i in range(10, 200))
+            yield "\n".join(f"Click on Tab #{n}. [{n + 20}] tab 'Tab #{n}'" for n in range(1, 10))
     yield prompts.SYSTEM_PROMPT
     yield prompts.SYSTEM_PROMPT_SCREENSHOT
     for i in range(300):
@@ -87,11 +93,18 @@ def build_tokenizer(
     vocab_size: int = VOCAB_SIZE, special_tokens: tuple[str, ...] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE
 ):
     """A byte-level BPE tokenizer with Qwen's special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ui_words = vocab_size > VOCAB_SIZE
+    if ui_words:  # GPT-2's pre-tokenizer, except that a number after '#' stays with it: 'Tab #2' is 'Tab', ' #2'
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_NUMBERED_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -99,7 +112,7 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(ui_words=vocab_size > VOCAB_SIZE), trainer=trainer)
+    tok.train_from_iterator(_corpus(ui_words=ui_words), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
