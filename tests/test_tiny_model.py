@@ -57,3 +57,16 @@ def test_warmed_up_model_answers_with_actions(tmp_path):
             out = model.generate(**enc, max_new_tokens=12, do_sample=False)
         answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
         assert ACTION.match(answer), answer
+
+
+def test_a_larger_vocabulary_spells_ids_words_and_numbered_labels_as_whole_tokens():
+    """What a goal names and the page shows is one token each (so copying it is one step): ids, words, '#2'."""
+    from halo_train.tiny_model import build_tokenizer
+
+    tok = build_tokenizer(1024)
+    pieces = [tok.decode([i]) for i in tok("Goal: Click on Tab #2.\n[19] link 'Tab #2' click('145') 'okay'")["input_ids"]]
+    assert pieces == ["Goal", ":", " Click", " on", " Tab", " #2", ".", "\n", "[", "19", "]", " link", " '", "Tab", " #2", "'",
+                      " click", "('", "145", "')", " '", "okay", "'"]
+    assert tok.decode(tok("x #12 y")["input_ids"]) == "x #12 y"  # still byte-level: every text round-trips
+    small = build_tokenizer()
+    assert " #2" not in [small.decode([i]) for i in small("Tab #2")["input_ids"]]  # the default vocabulary is as it was
