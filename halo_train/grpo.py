@@ -477,7 +477,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
     )
     if not summary.members:
         raise NoTrainingSignalError(
-            f"no GRPO rows with a reward signal: all {summary.episode_groups} {cfg.group_by} group(s) have zero reward std"
+            f"no GRPO rows with a reward signal: all {summary.episode_groups} {'state ' if by_state else ''}group(s) have zero reward std"
             f"{f' or are staler than --max-staleness {cfg.max_staleness}' if summary.stale_rows else ''}: "
             + ("sample more candidates per state, at a higher temperature" if by_state
                else "collect more attempts per task, at a higher temperature")

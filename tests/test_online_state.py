@@ -112,6 +112,25 @@ def test_grpo_group_by_state_trains_on_the_fresh_state_groups(candidates_lake, u
     assert {"loss", "importance_ratio_mean", "clip_ratio"} <= metrics
 
 
+def test_grpo_group_by_state_without_signal_says_what_to_collect(candidates_lake, untrained_tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    def error(lake: str, *extra: str) -> str:
+        result = CliRunner().invoke(main, ["grpo", "--group-by", "state", "--lake", lake, "--base-model", untrained_tiny,
+                                           "--output-dir", str(tmp_path / "o"), *extra])
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        return [line for line in result.output.splitlines() if line.strip()][-1]
+
+    flat = error(candidates_lake, "--where", "episode_id = 'e1' and step_idx = 1")
+    assert flat.startswith("Error: no GRPO rows with a reward signal: all 1 state group(s) have zero reward std: "
+                           "sample more candidates per state"), flat
+    empty = error(str(Lake.init(tmp_path / "empty").root))
+    assert empty.startswith("Error: no per-state groups: sample and score candidates at every state "
+                            "(halo-agent rollout --candidates 8)"), empty
+
+
 def test_state_members_scale_and_skip_flat_states():
     from halo_train.grpo import state_members
 
