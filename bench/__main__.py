@@ -4,6 +4,7 @@ import sys
 # python -m bench NAME [options]: one measurement each; no name runs the lake's speed and memory suite (bench/run.py).
 COMMANDS = {
     "online": ("bench.online", "online GRPO: held-out success of start, random and final"),
+    "state-groups": ("bench.state_groups", "online GRPO by state vs by episode: trainable groups, seconds per iteration"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
     "os-ppo": ("bench.os_ppo", "reward per PPO epoch on short os tasks"),

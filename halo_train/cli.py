@@ -279,8 +279,12 @@ ONLINE_HELP = """Online GRPO: sample with the served policy version, land the st
 grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine under that name, repeat.
 
 Train task seeds are --train-seed-start + iteration; held-out seeds start at --eval-seed-start
-and must lie past them (checked). --group-by takes only `episode` for now. --serve starts HALO's
-chat server on CPU; for vLLM start it yourself (see README) and pass --engine-url."""
+and must lie past them (checked). --group-by episode (default): a group is the --group-size
+attempts of one task seed. --group-by state: at each visited state the policy samples
+--candidates-per-state actions (8) in one call, each is executed from the state restored by replay
+and scored with the dense reward, and the update reads these per-state groups (state_groups); a
+state that does not reproduce is left out. --serve starts HALO's chat server on CPU; for vLLM
+start it yourself (see README) and pass --engine-url."""
 
 
 MCTS_HELP = """The Agent Q loop: search every task seed with the served policy version (MCTS, K candidates per

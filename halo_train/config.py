@@ -39,6 +39,10 @@ DPO_LOSS_TYPES = (
 DPO_SOURCES = ("all", "episodes", "candidates", "mcts")
 # TRL's GRPO loss names (trl.GRPOConfig.loss_type) that make sense without generation.
 GRPO_LOSS_TYPES = ("dr_grpo", "grpo", "bnpo")
+# What a GRPO group is, and the view its rows come from: attempts of one task seed (grpo_groups), or the
+# candidates sampled and scored at one visited state (state_groups).
+GRPO_GROUP_VIEWS = {"episode": "grpo_groups", "state": "state_groups"}
+GRPO_GROUP_BY = tuple(GRPO_GROUP_VIEWS)
 SCALE_REWARDS = ("none", "group", "batch")
 # Served adapter names that halo-agent's shipped eval modes (halo_agent/configs/modes.yaml) request: the text
 # modes for a text base model, the screenshot modes (qwen3vl_*) for a vision-language one. The text GRPO
@@ -248,9 +252,15 @@ class DPOConfig(TrainConfig):
 
 @dataclasses.dataclass
 class GRPOConfig(TrainConfig):
-    """GRPO from the lake's stored groups (grpo_groups): no generation, advantages from the view."""
+    """GRPO from the lake's stored groups (grpo_groups, or state_groups with --group-by state): no generation, advantages from the view."""
 
     lr: float = _field(1e-5, "Peak learning rate (AdamW).")
+    group_by: str = _field(
+        "episode",
+        "episode: groups of attempts of one task seed (grpo_groups, GiGPO's step level included); state: the candidates "
+        "sampled at one visited state, each scored from the restored state (state_groups; halo-agent rollout --candidates N).",
+        choices=GRPO_GROUP_BY,
+    )
     loss_type: str = _field(
         "dr_grpo",
         "TRL's loss names: dr_grpo (token sum / (batch x max_completion_length)), grpo (per-sequence mean), "
@@ -277,6 +287,9 @@ class GRPOConfig(TrainConfig):
     default_view: typing.ClassVar[str] = "grpo_groups"
 
     def __post_init__(self) -> None:
+        if self.group_by not in GRPO_GROUP_VIEWS:
+            raise TrainConfigError(f"--group-by must be one of {', '.join(GRPO_GROUP_BY)}, got {self.group_by!r}")
+        self.view = self.view or GRPO_GROUP_VIEWS[self.group_by]
         super().__post_init__()
         if self.loss_type not in GRPO_LOSS_TYPES:
             raise TrainConfigError(f"--loss-type must be one of {', '.join(GRPO_LOSS_TYPES)} for grpo, got {self.loss_type!r}")
@@ -292,8 +305,13 @@ class GRPOConfig(TrainConfig):
             raise TrainConfigError(f"--beta must be 0 (no KL) or positive, got {self.beta}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise TrainConfigError(f"--max-staleness must be 0 or more, got {self.max_staleness}")
-        if self.view != "grpo_groups":
-            raise TrainConfigError(f"grpo reads the grpo_groups view (its group columns); got --view {self.view}: filter with --where")
+        wanted = GRPO_GROUP_VIEWS[self.group_by]
+        if self.view != wanted:
+            other = [k for k, v in GRPO_GROUP_VIEWS.items() if v == self.view]
+            raise TrainConfigError(
+                f"grpo reads the {wanted} view (its group columns) with --group-by {self.group_by}; got --view {self.view}: "
+                + (f"pass --group-by {other[0]} instead" if other else "filter with --where")
+            )
 
     @property
     def omega(self) -> float:

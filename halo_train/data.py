@@ -31,6 +31,8 @@ EMPTY_VIEW_HINTS = {
     "dpo_pairs": "no DPO pairs: collect at least two attempts per task (halo-agent rollout --rollouts-per-task 2 or more), "
                  "or search trees (halo-agent search)",
     "grpo_groups": "no GRPO groups: collect several attempts per task with the same --task-seed (halo-agent rollout --rollouts-per-task 4)",
+    "state_groups": "no per-state groups: sample and score candidates at every state (halo-agent rollout --candidates 8); "
+                    "states that did not reproduce are left out",
 }
 
 REQUIRED_COLUMNS = {

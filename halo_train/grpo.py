@@ -29,6 +29,16 @@ per-level advantages before they are combined with the same omega:
   group                      A = A_episode / (episode group std + 1e-4) + omega * A_step / (step group std + 1e-4)
   batch                      the same with the std of all episode rewards / all step returns read
 
+Per-state groups (``--group-by state``). One training row per scored candidate of
+``state_groups``: the n actions the policy sampled in one call at a visited state,
+each executed from that state restored by replay and scored with the dense reward
+(``halo-agent rollout --candidates N``; ``halo-train online-grpo --group-by
+state``). Its advantage is the view's ``advantage`` (score - group mean); there is
+no second level, so omega does not apply. ``--scale-rewards group`` divides it by
+the state group's std, ``batch`` by the std of all scores read. States that did
+not reproduce are not in the view. Loss, importance ratio (against each
+candidate's stored ``logprob_sum``) and ``--max-staleness`` are the same.
+
 Zero-std groups. A group whose rewards are all equal carries no signal; the view
 gives its members an advantage of exactly 0. Such episode groups are counted
 (``frac_reward_zero_std``, the fraction of episode groups with zero reward std)
@@ -100,10 +110,28 @@ ORDER BY level, group_key, episode_id, step_idx
 """
 MEMBERS_SQL = _MEMBERS_SQL.format(columns="", join="")
 # For a vision-language base model: each member's step screenshot too (halo_train.vlm).
-VLM_MEMBERS_SQL = _MEMBERS_SQL.format(
-    columns=", screenshot_hash",
-    join="\nLEFT JOIN (SELECT episode_id, step_idx, screenshot_hash FROM steps) AS shots USING (episode_id, step_idx)",
-)
+_SHOTS_JOIN = "\nLEFT JOIN (SELECT episode_id, step_idx, screenshot_hash FROM steps) AS shots USING (episode_id, step_idx)"
+VLM_MEMBERS_SQL = _MEMBERS_SQL.format(columns=", screenshot_hash", join=_SHOTS_JOIN)
+
+# state_groups (--group-by state): one row per scored candidate, already a training row; its level is 'state'.
+_STATE_MEMBERS_SQL = """
+SELECT
+    'state' AS level, group_key, run_id, task_id, policy_version, episode_id, step_idx, candidate_idx,
+    prompt, completion, logprob_sum, score AS reward, group_std, zero_std, advantage,
+    advantage AS combined_advantage{columns}
+FROM selected{join}
+ORDER BY group_key, candidate_idx
+"""
+STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns="", join="")
+# A candidate was sampled from its state's step: that step's screenshot is the one its prompt carried.
+VLM_STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns=", screenshot_hash", join=_SHOTS_JOIN)
+
+
+def members_sql(group_by: str, vision: bool) -> str:
+    """The query over the filtered view (the CTE ``selected``) that a --group-by reads."""
+    if group_by == "state":
+        return VLM_STATE_MEMBERS_SQL if vision else STATE_MEMBERS_SQL
+    return VLM_MEMBERS_SQL if vision else MEMBERS_SQL
 
 
 # ---------------------------------------------------------------------------- advantages
@@ -208,6 +236,41 @@ def training_members(
         zero_std_groups=sum(zero_std.values()),
         skipped_rows=skipped,
         stale_rows=stale,
+        policy_version=current,
+    )
+
+
+def state_members(
+    rows: Sequence[dict[str, Any]],
+    scale_rewards: str = "none",
+    policy_version: int | None = None,
+    max_staleness: int | None = None,
+) -> GroupSummary:
+    """state_groups rows (STATE_MEMBERS_SQL) -> one training row per candidate, with its advantage.
+
+    The advantage is the view's (score - state group mean); under ``scale_rewards`` group it is divided
+    by the state group's std, under batch by the std of every score kept. Rows staler than
+    ``max_staleness`` are dropped; the rows of a zero-std state group (advantage exactly 0) are skipped.
+    """
+    versions = [parse_policy_version(r.get("policy_version")) for r in rows]
+    current = policy_version if policy_version is not None else max(versions, default=0)
+    fresh = [r for r, v in zip(rows, versions) if max_staleness is None or current - v <= max_staleness]
+    zero_std = {r["group_key"]: bool(r["zero_std"]) for r in fresh}
+    batch_std = sample_std([float(r["reward"]) for r in fresh]) if scale_rewards == "batch" else None
+    kept: list[dict[str, Any]] = []
+    skipped = 0
+    for r in fresh:
+        advantage = scaled(float(r["advantage"]), float(r["group_std"]), scale_rewards, batch_std)
+        if r["zero_std"]:  # a flat state: no signal
+            skipped += 1
+            continue
+        kept.append({**r, "advantage": advantage})
+    return GroupSummary(
+        members=kept,
+        episode_groups=len(zero_std),
+        zero_std_groups=sum(zero_std.values()),
+        skipped_rows=skipped,
+        stale_rows=len(rows) - len(fresh),
         policy_version=current,
     )
 
@@ -402,17 +465,22 @@ def make_trainer_class():
 def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None = None):
     """Training rows with their advantages; ``vlm`` (the VLM path's stats) keeps prompts untokenised for its collator."""
     rows = read.table.to_pylist()
-    summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
+    by_state = cfg.group_by == "state"
+    if by_state:
+        summary = state_members(rows, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
+    else:
+        summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
     log.info(
-        "%d episode groups, %d with zero reward std (%.0f%%): %d rows skipped, %d stale rows dropped, %d rows kept",
-        summary.episode_groups, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
+        "%d %s groups, %d with zero reward std (%.0f%%): %d rows skipped, %d stale rows dropped, %d rows kept",
+        summary.episode_groups, cfg.group_by, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
         summary.skipped_rows, summary.stale_rows, len(summary.members),
     )
     if not summary.members:
         raise NoTrainingSignalError(
-            f"no GRPO rows with a reward signal: all {summary.episode_groups} group(s) have zero reward std"
+            f"no GRPO rows with a reward signal: all {summary.episode_groups} {'state ' if by_state else ''}group(s) have zero reward std"
             f"{f' or are staler than --max-staleness {cfg.max_staleness}' if summary.stale_rows else ''}: "
-            "collect more attempts per task, at a higher temperature"
+            + ("sample more candidates per state, at a higher temperature" if by_state
+               else "collect more attempts per task, at a higher temperature")
         )
     encoded = []
     dropped = 0
@@ -434,7 +502,8 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
     dataset = to_dataset(pa.Table.from_pylist(encoded)) if encoded else to_dataset(pa.table({"input_ids": pa.array([], pa.list_(pa.int64()))}))
     extra = {
         **({"vlm": vlm} if vlm is not None else {}),
-        "episode_groups": summary.episode_groups,
+        "group_by": cfg.group_by,
+        f"{cfg.group_by}_groups": summary.episode_groups,
         "zero_std_groups": summary.zero_std_groups,
         "frac_reward_zero_std": summary.frac_reward_zero_std,
         "skipped_rows": summary.skipped_rows,
@@ -466,7 +535,7 @@ def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, f
 
 
 def train_grpo(cfg: GRPOConfig) -> TrainResult:
-    """Train a LoRA adapter on grpo_groups' stored groups; returns where it is and how to serve it."""
+    """Train a LoRA adapter on the stored groups (grpo_groups, or state_groups with group_by "state"); returns where it is and how to serve it."""
 
     import pyarrow as pa
 
@@ -497,7 +566,7 @@ def train_grpo(cfg: GRPOConfig) -> TrainResult:
         make_dataset=make_dataset,
         make_trainer=make_trainer,
         start_version=lambda cfg_, read: state["extra"]["start_policy_version"],
-        sql=VLM_MEMBERS_SQL if vision else MEMBERS_SQL,
+        sql=members_sql(cfg.group_by, vision),
         on_load=on_load,
     )
     return run_job(cfg, spec)

@@ -17,7 +17,10 @@ Each iteration k (one rollout run ``RUN-k{k}`` per iteration, so an iteration's 
    ``--train-seed-start + k * N ...`` with the served version (stored with their sampled-token
    logprobs; with ``--constrain-actions`` each answer is one of the page's actions);
 2. update with ``train_grpo`` reading only this run's rows of the served version from
-   ``grpo_groups`` (dr_grpo by default, importance ratio against the stored logprobs), starting
+   ``grpo_groups`` (``--group-by state``: from ``state_groups``, the ``--candidates-per-state``
+   actions sampled in the one call at each visited state, each executed from that state restored
+   by replay and scored with the dense reward; states that did not reproduce are left out)
+   (dr_grpo by default, importance ratio against the stored logprobs), starting
    from the newest trained adapter (``--max-staleness`` bounds how far behind the served one may be);
 3. save ``OUTPUT/policy-{v+1}`` (renamed into place only when complete);
 4. load it into the engine as ``policy-{v+1}`` and unload the old name; a refused load keeps the
@@ -50,12 +53,12 @@ from typing import Any, Callable, Iterator
 
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
-from halo_train.config import GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path
+from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 
 log = logging.getLogger(__name__)
 
-GROUP_BY = ("episode",)  # per-state groups (candidates from restored states) are not built yet
+GROUP_BY = ("episode", "state")  # attempts of one task seed (grpo_groups) | candidates at one state (state_groups)
 STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
 
 
@@ -118,7 +121,11 @@ class OnlineConfig(ServedLoopConfig):
     constrain_actions: bool = _field(False, "Constrain decoding to the page's actions (vLLM's structured-output choice; the chat server the same): every answer parses.")
     choice_labels: bool = _field(False, "With --constrain-actions: each choice names its element first (# 'Tab #2' then click('21')), so its log-probability includes words the goal names; the step's action stays the canonical call.")
     init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
-    group_by: str = _field("episode", "episode: G attempts of one task seed (GiGPO's step level included). state: not built yet.", choices=GROUP_BY)
+    group_by: str = _field(
+        "episode", "episode: G attempts of one task seed (GiGPO's step level included). state: at each visited state, "
+        "--candidates-per-state actions sampled in one call, each executed from the state restored by replay and scored "
+        "with the dense reward (state_groups; a state that does not reproduce is left out).", choices=GROUP_BY)
+    candidates_per_state: int = _field(8, "With --group-by state: candidate actions sampled at each visited state, one group (at least 2); the episode goes on with the first.")
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
@@ -144,8 +151,10 @@ class OnlineConfig(ServedLoopConfig):
         for name in ("group_size", "seeds_per_iteration", "max_episode_steps", "eval_seeds", "eval_attempts", "replay_iterations"):
             if int(getattr(self, name)) < 1:
                 raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.group_size < 2:
+        if self.group_size < 2 and self.group_by == "episode":
             raise OnlineError("--group-size must be at least 2: a group of one has no spread to learn from")
+        if self.group_by == "state" and self.candidates_per_state < 2:
+            raise OnlineError(f"--candidates-per-state must be at least 2, got {self.candidates_per_state}: a state's group of one has no spread to learn from")
         if self.eval_every < 0 or self.max_staleness < 0:
             raise OnlineError("--eval-every and --max-staleness must be 0 or more")
         train_seeds = range(self.train_seed_start, self.train_seed_start + self.iterations * self.seeds_per_iteration)
@@ -256,6 +265,8 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     ) if policy == "openai" else {}
     return run_rollouts(RolloutConfig(
         env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
+        # --group-by state: the policy's one call at each state draws the candidates, scored from the restored state
+        candidates_per_state=cfg.candidates_per_state if cfg.group_by == "state" and kind == "rollout" else 0,
         temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=task_seeds, max_steps=cfg.max_episode_steps,
         observation=cfg.observation, reward_config=cfg.reward_config,
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
@@ -297,13 +308,32 @@ def _view_weights(cfg: OnlineConfig) -> dict[str, float]:
 
 
 def _run_stats(lake: Lake, run_id: str, weights: dict[str, float]) -> dict[str, float]:
+    """The run's episode figures (reward_stats); for a run that sampled candidates (--group-by state), the
+    groups counted (trainable, flat) are its state groups, the ones its update reads."""
     rows = lake.query_arrow(
         "select reward_mean, reward_std, frac_reward_zero_std, n_trainable_groups, success_rate "
         "from reward_stats where scope = 'run' and run_id = $r", {"r": run_id}, params=weights,
     ).to_pylist()
     if not rows:
         raise OnlineError(f"rollout run {run_id} wrote no episodes without errors: check the engine and the tasks")
-    return {k: float(v or 0.0) for k, v in rows[0].items()}
+    stats = {k: float(v or 0.0) for k, v in rows[0].items()}
+    states = lake.query_arrow(STATE_STATS_SQL, {"r": run_id}).to_pylist()[0]
+    if states["candidates"]:
+        stats.update(n_trainable_groups=float(states["trainable"] or 0), unreproducible_states=float(states["unreproducible"] or 0),
+                     frac_reward_zero_std=float(states["flat"]) / states["groups"] if states["groups"] else 1.0)
+    return stats
+
+
+# A run's state groups (state_groups: the states that reproduced) and the states that did not.
+STATE_STATS_SQL = """
+WITH groups AS (SELECT group_key, any_value(zero_std) AS zero_std FROM state_groups WHERE run_id = $r GROUP BY group_key)
+SELECT
+    (SELECT count(*) FROM candidates WHERE run_id = $r) AS candidates,
+    (SELECT count(*) FROM groups) AS groups,
+    (SELECT count(*) FROM groups WHERE NOT zero_std) AS trainable,
+    (SELECT count(*) FROM groups WHERE zero_std) AS flat,
+    (SELECT count(DISTINCT (episode_id, step_idx)) FROM candidates WHERE run_id = $r AND score_source = 'unreproducible') AS unreproducible
+"""
 
 
 # ---------------------------------------------------------------------------------------- updating
@@ -326,7 +356,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
         try:
             train_grpo(GRPOConfig(
                 lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
-                run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served),
+                run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
                 params=_view_weights(cfg),
@@ -354,7 +384,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
 
 
 def _rows_of(rollout_runs: list[str], served: Served) -> str:
-    """The update's filter on grpo_groups: the latest rollout run's rows of the served version, or the replayed runs'."""
+    """The update's filter on its groups' view: the latest rollout run's rows of the served version, or the replayed runs'."""
     if len(rollout_runs) == 1:
         return f"run_id = '{rollout_runs[0]}' and policy_version = '{served.version}'"
     return "run_id in (" + ", ".join(f"'{r}'" for r in rollout_runs) + ")"
@@ -493,7 +523,7 @@ def _start_record(cfg: OnlineConfig, lake: Lake, run_id: str) -> tuple[RunRecord
         run_id=run_id, kind="train", mode="online-grpo", job_type="online-grpo", env=cfg.env, policy="openai",
         base_model=cfg.base_model, model=cfg.base_model, config={**cfg.to_dict(), "iterations": iterations},
         command=list(sys.argv), status="running", output_dir=str(Path(cfg.output_dir).resolve()),
-        started_at=existing["started_at"] if existing else utc_now(), source_view="grpo_groups",
+        started_at=existing["started_at"] if existing else utc_now(), source_view=GRPO_GROUP_VIEWS[cfg.group_by],
     )
     upsert_runs(lake, [record])
     return record, iterations

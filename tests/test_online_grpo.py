@@ -171,7 +171,7 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     (["--serve", "--eval-seed-start", "1", "--iterations", "3"], "Error: train task seeds 0..2 overlap held-out seeds 1..2"),
     (["--serve", "--eval-seed-start", "5", "--iterations", "3", "--seeds-per-iteration", "2"],
      "Error: train task seeds 0..5 overlap held-out seeds 5..6"),
-    (["--serve", "--group-by", "state"], "Error: Invalid value for '--group-by'"),
+    (["--serve", "--group-by", "step"], "Error: Invalid value for '--group-by'"),
     (["--serve", "--choice-labels"], "Error: --choice-labels labels the choices of constrained decoding: add --constrain-actions"),
     (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
 ])

@@ -1,0 +1,227 @@
+"""Per-state GRPO groups: the state_groups view over `candidates`, `halo-train grpo --group-by state`, and
+`halo-train online-grpo --group-by state` end to end (a tiny model served by HALO's chat server, MiniWoB++ in
+Chromium, candidates executed from states restored by replay)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from halo_data import ids, prompts
+from halo_data.lake import Lake
+from halo_data.writer import append_rows
+
+TASKS = ["click-button", "click-test"]
+
+
+def query(lake: str, sql: str) -> list[dict]:
+    return Lake.open(lake).query_arrow(sql).to_pylist()
+
+
+def prompt_for(name: str) -> str:
+    return prompts.dumps(prompts.render_messages("click the button", f"http://site/{name}", f"[12] button '{name}'"))
+
+
+def candidate_rows(run_id: str, episode_id: str, step_idx: int, state: str, scores, *, version="0", source="env",
+                   outputs=None) -> list[dict]:
+    p = prompt_for(state)
+    outputs = outputs or [f"click('{10 + i}')" for i in range(len(scores))]
+    return [
+        dict(run_id=run_id, env="miniwob", episode_id=episode_id, task_id="miniwob.click-button", step_idx=step_idx,
+             state_hash=f"h-{state}", candidate_idx=i, prompt=p, prompt_hash=ids.sha256_hex(p), model_output=out,
+             action=out, score=score, score_source=source if score is not None else "unreproducible",
+             policy_version=version, logprob_sum=-1.5 - i)
+        for i, (out, score) in enumerate(zip(outputs, scores))
+    ]
+
+
+@pytest.fixture
+def candidates_lake(tmp_path) -> str:
+    """Four states of run r: one with a spread, one flat, one that did not reproduce, one sampled by version 3."""
+    lake = Lake.init(tmp_path / "lake")
+    append_rows(lake, "candidates", [
+        *candidate_rows("r", "e1", 0, "s0", [1.0, 0.0, 0.5, 0.5]),
+        *candidate_rows("r", "e1", 1, "s1", [0.2, 0.2, 0.2]),
+        *candidate_rows("r", "e2", 0, "s2", [None, None, None, None]),
+        *candidate_rows("r", "e3", 0, "s3", [0.0, 0.9], version="3"),
+    ])
+    return str(lake.root)
+
+
+# ---------------------------------------------------------------------- the view
+
+
+def test_state_groups_have_their_mean_std_and_advantages_and_no_unreproducible_state(candidates_lake):
+    got = query(candidates_lake, "select group_key, episode_id, step_idx, candidate_idx, score, group_mean, group_std, "
+                                 "group_size, zero_std, advantage, completion, logprob_sum, policy_version "
+                                 "from state_groups order by group_key, candidate_idx")
+    assert {r["episode_id"] for r in got} == {"e1", "e3"}  # e2's state did not reproduce: none of its candidates
+    spread = [r for r in got if r["group_key"] == "r|e1|0|h-s0|0"]
+    std = math.sqrt(sum((x - 0.5) ** 2 for x in (1.0, 0.0, 0.5, 0.5)) / 3)
+    assert [(r["score"], r["group_mean"], r["advantage"]) for r in spread] == [
+        (1.0, 0.5, 0.5), (0.0, 0.5, -0.5), (0.5, 0.5, 0.0), (0.5, 0.5, 0.0)]
+    assert all(r["group_std"] == pytest.approx(std) and r["group_size"] == 4 and not r["zero_std"] for r in spread)
+    assert [r["completion"] for r in spread] == ["click('10')", "click('11')", "click('12')", "click('13')"]
+    assert [r["logprob_sum"] for r in spread] == [-1.5, -2.5, -3.5, -4.5]
+    flat = [r for r in got if r["group_key"] == "r|e1|1|h-s1|0"]
+    assert [(r["group_size"], r["zero_std"], r["advantage"]) for r in flat] == [(3, True, 0.0)] * 3
+    v3 = [r for r in got if r["episode_id"] == "e3"]
+    assert [(r["policy_version"], r["advantage"]) for r in v3] == [("3", pytest.approx(-0.45)), ("3", pytest.approx(0.45))]
+
+
+def test_one_unreproducible_candidate_flags_its_whole_state(tmp_path):
+    lake = Lake.init(tmp_path / "lake")
+    rows = candidate_rows("r", "e1", 0, "s0", [1.0, 0.0, 0.5])
+    rows[1].update(score=None, score_source="unreproducible")
+    append_rows(lake, "candidates", rows)
+    assert query(str(lake.root), "select count(*) n from state_groups") == [{"n": 0}]
+
+
+# ---------------------------------------------------------------------- the trainer
+
+
+@pytest.fixture(scope="module")
+def untrained_tiny(tmp_path_factory) -> str:
+    from halo_train.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("state") / "tiny"))
+
+
+def test_grpo_group_by_state_trains_on_the_fresh_state_groups(candidates_lake, untrained_tiny, tmp_path):
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from halo_train.cli import main
+
+    out = tmp_path / "grpo"
+    result = CliRunner().invoke(main, [
+        "grpo", "--group-by", "state", "--lake", candidates_lake, "--base-model", untrained_tiny, "--output-dir", str(out),
+        "--max-steps", "1", "--lr", "0.01", "--policy-version", "3", "--max-staleness", "1", "--run-id", "grpo-state"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "final" / "training_stats.json").read_text())
+    # Version 3 trains: the v0 states (7 rows) are too stale, v3's one state (2 rows, a spread) is the batch.
+    assert (stats["source_view"], stats["group_by"], stats["state_groups"], stats["stale_rows"], stats["rows"]) == (
+        "state_groups", "state", 1, 7, 2)
+    assert stats["rows_with_behaviour_logprobs"] == 2 and stats["policy_version"] == "4"
+    weights = load_file(str(out / "final" / "adapter_model.safetensors"))
+    assert any(float(w.abs().max()) > 0 for k, w in weights.items() if "lora_B" in k)  # zero-initialised, now trained
+    metrics = {r["metric"] for r in query(candidates_lake, "select metric from train_metrics where run_id = 'grpo-state'")}
+    assert {"loss", "importance_ratio_mean", "clip_ratio"} <= metrics
+
+
+def test_grpo_group_by_state_without_signal_says_what_to_collect(candidates_lake, untrained_tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    def error(lake: str, *extra: str) -> str:
+        result = CliRunner().invoke(main, ["grpo", "--group-by", "state", "--lake", lake, "--base-model", untrained_tiny,
+                                           "--output-dir", str(tmp_path / "o"), *extra])
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        return [line for line in result.output.splitlines() if line.strip()][-1]
+
+    flat = error(candidates_lake, "--where", "episode_id = 'e1' and step_idx = 1")
+    assert flat.startswith("Error: no GRPO rows with a reward signal: all 1 state group(s) have zero reward std: "
+                           "sample more candidates per state"), flat
+    empty = error(str(Lake.init(tmp_path / "empty").root))
+    assert empty.startswith("Error: no per-state groups: sample and score candidates at every state "
+                            "(halo-agent rollout --candidates 8)"), empty
+
+
+def test_state_members_scale_and_skip_flat_states():
+    from halo_train.grpo import state_members
+
+    rows = [dict(level="state", group_key=g, policy_version="0", reward=r, group_std=s, zero_std=z, advantage=a,
+                 logprob_sum=None) for g, r, s, z, a in [("a", 1.0, 0.5, False, 0.25), ("a", 0.5, 0.5, False, -0.25),
+                                                         ("b", 0.2, 0.0, True, 0.0)]]
+    none = state_members(rows)
+    assert [m["advantage"] for m in none.members] == [0.25, -0.25]
+    assert (none.episode_groups, none.zero_std_groups, none.skipped_rows) == (2, 1, 1)
+    group = state_members(rows, "group")
+    assert [m["advantage"] for m in group.members] == [pytest.approx(0.25 / 0.5001), pytest.approx(-0.25 / 0.5001)]
+
+
+# ---------------------------------------------------------------------- online
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny model warmed up on random-policy steps, so its answers parse as actions and candidates differ."""
+    pytest.importorskip("torch")
+    from halo_train.testing import warm_tiny_model
+
+    return warm_tiny_model(tmp_path_factory.mktemp("online-state"), TASKS)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    from halo_train.online import OnlineConfig, run_online
+
+    cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=4,
+                       group_size=1, seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
+                       lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
+                       serve=True)
+    lines: list[str] = []
+    summary = run_online(cfg, echo=lines.append)
+    lake = cfg.lake
+
+    # Every state the episodes visited has its 4 candidates, tagged with the version that sampled them (0).
+    cands = query(lake, "select episode_id, step_idx, candidate_idx, model_output, action, score, score_source, "
+                        "policy_version, prompt, logprob_sum from candidates order by episode_id, step_idx, candidate_idx")
+    steps = query(lake, "select episode_id, step_idx, model_output, prompt, logprob_sum from steps where run_id = 'online-k0'")
+    assert cands and {(c["episode_id"], c["step_idx"]) for c in cands} == {(s["episode_id"], s["step_idx"]) for s in steps}
+    assert {c["policy_version"] for c in cands} == {"0"} and {c["candidate_idx"] for c in cands} == {0, 1, 2, 3}
+    assert {c["score_source"] for c in cands} <= {"env", "unreproducible"}
+    # The episode went on with the call's first sample, and each candidate was sampled from the step's prompt.
+    first = {(c["episode_id"], c["step_idx"]): c for c in cands if c["candidate_idx"] == 0}
+    assert all(first[(s["episode_id"], s["step_idx"])]["model_output"] == s["model_output"] for s in steps)
+    assert all(first[(s["episode_id"], s["step_idx"])]["prompt"] == s["prompt"] for s in steps)
+    # Each candidate carries its own sampled-token logprob (the first one's is its step's: the same sample).
+    assert all(c["logprob_sum"] is not None and c["logprob_sum"] < 0 for c in cands)
+    assert all(first[(s["episode_id"], s["step_idx"])]["logprob_sum"] == s["logprob_sum"] for s in steps)
+
+    # The update read this iteration's state groups, and only those with a spread.
+    it = summary.iterations[0]
+    assert it["update"] == "trained", lines
+    groups = query(lake, "select group_key, any_value(zero_std) z, count(*) n from state_groups "
+                         "where run_id = 'online-k0' group by group_key")
+    trainable = [g for g in groups if not g["z"]]
+    stats = json.loads((Path(it["adapter"]) / "training_stats.json").read_text())
+    assert (stats["source_view"], stats["group_by"]) == ("state_groups", "state")
+    assert "online-k0" in stats["where"] and stats["rows"] == sum(g["n"] for g in trainable)
+    assert it["metrics"]["trainable_groups"] == len(trainable)
+    assert it["metrics"]["frac_reward_zero_std"] == pytest.approx(1 - len(trainable) / len(groups))
+    assert "importance_ratio_mean" in it["metrics"]  # against the candidates' stored logprobs
+    # Trained (LoRA B starts at zero), saved as policy-1 and reloaded into the engine.
+    weights = load_file(str(Path(cfg.output_dir) / "policy-1" / "adapter_model.safetensors"))
+    assert any(float(w.abs().max()) > 0 for k, w in weights.items() if "lora_B" in k)
+    assert summary.served == "policy-1" and "-> policy-1, reload" in lines[0]
+    run = query(lake, "select source_view, status from runs where run_id = 'online'")[0]
+    assert run == {"source_view": "state_groups", "status": "finished"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["online-grpo", "--serve", "--group-by", "state", "--candidates-per-state", "1"],
+     "Error: --candidates-per-state must be at least 2, got 1"),
+    (["grpo", "--group-by", "state", "--view", "grpo_groups"],
+     "Error: grpo reads the state_groups view (its group columns) with --group-by state; got --view grpo_groups: "
+     "pass --group-by episode instead"),
+])
+def test_bad_input_is_one_error_line(untrained_tiny, tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--base-model", untrained_tiny, "--lake", str(tmp_path / "lake"),
+                                       "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith(message), result.output
+    assert "Traceback" not in result.output
+    assert not any((tmp_path / "out").glob("policy-*"))
