@@ -283,14 +283,16 @@ and must lie past them (checked). --group-by episode (default): a group is the -
 attempts of one task seed. --group-by state: at each visited state the policy samples
 --candidates-per-state actions (8) in one call, each is executed from the state restored by replay
 and scored with the dense reward, and the update reads these per-state groups (state_groups); a
-state that does not reproduce is left out. --serve starts HALO's chat server on CPU; for vLLM
-start it yourself (see README) and pass --engine-url."""
+state that does not reproduce is left out. --serve starts the engine and stops it at the end:
+`vllm serve BASE --enable-lora --max-loras 2 --max-lora-rank R` (runtime LoRA updating on) where
+a GPU and vLLM are present, else HALO's chat server (--engine picks). --pipeline overlaps
+iteration k+1's rollout with iteration k's update."""
 
 
 MCTS_HELP = """The Agent Q loop: search every task seed with the served policy version (MCTS, K candidates per
 call, critic progress, policy or a served model), whole trees into mcts_nodes; DPO on the run's
 mcts pairs (stored generation logprobs as the reference); save OUTPUT/policy-{v+1}, reload it into
-the engine under that name, search again. --serve starts HALO's chat server on CPU."""
+the engine under that name, search again. --serve starts the engine (--engine: vLLM on a GPU, HALO's chat server on CPU)."""
 
 
 def _quiet_libraries() -> None:

@@ -32,6 +32,18 @@ An iteration whose groups all have zero reward spread has nothing to learn from:
 without an update and the version stays. Held-out evaluation (``--eval-every``) runs the served
 version on task seeds ``--eval-seed-start ...``, a range the train seeds never reach.
 
+Pipelining (``--pipeline``). Iteration k's update runs in a spawned process while iteration k+1's
+rollout samples with the version still served (v_k, which its rows carry); once both are done the
+new adapter is loaded and iteration k recorded, and the rollout of k+2 samples with it. The update
+of k+1 thus trains on rows one version stale (``--max-staleness`` must be at least 1). Iteration
+k's record then also names the version that sampled rollout k+1 (``next_rollout``), complete by
+then, so a resumed run trains on exactly those rows; the sequential loop is the default.
+
+Engines. ``--serve`` starts the engine ``--engine`` picks: ``vllm serve BASE --enable-lora
+--max-loras 2 --max-lora-rank R`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` on a GPU
+(``halo_train.serve.vllm_command``), HALO's chat server on CPU; it waits until GET /v1/models
+answers and ends that process group at the end.
+
 Resume. An iteration is complete once its record is in the ``runs`` row. ``--resume`` reloads the
 version served after the last complete one and redoes the rest of the interrupted iteration:
 the rollout run resumes by its deterministic episode ids (nothing lost or written twice), and an
@@ -76,7 +88,9 @@ class ServedLoopConfig:
     iterations: int = _field(2, "Iterations (sample, update, reload) in all, counting those a resumed run already did.")
     engine_url: str | None = _field(None, "An OpenAI-compatible engine already running (vLLM with runtime LoRA, or HALO's chat server).")
     engine_wait: float = _field(60.0, "Seconds to wait for the engine to answer at the start.")
-    serve: bool = _field(False, "Start HALO's chat server (CPU) on 127.0.0.1 for the run and stop it at the end.")
+    serve: bool = _field(False, "Start the engine (--engine) on 127.0.0.1 for the run, wait until it serves, and stop it at the end.")
+    engine: str = _field("auto", "The engine --serve starts: vllm (`vllm serve BASE --enable-lora ...`, a GPU) | chat (HALO's chat server, CPU) | auto (vllm where its command and a CUDA GPU are present, else chat).", choices=("auto", "chat", "vllm"))
+    vllm_args: str = _field("", "More `vllm serve` options for --serve with vLLM, e.g. \"--max-model-len 8192 --gpu-memory-utilization 0.8\".")
     train_steps: int = _field(2, "Optimizer steps per update.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per optimizer step.")
@@ -100,6 +114,15 @@ class ServedLoopConfig:
             raise error("give --tasks, e.g. --tasks click-button")
         if bool(self.engine_url) == bool(self.serve):
             raise error("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
+        if self.engine_url and self.engine != "auto":
+            raise error(f"--engine {self.engine} picks the engine --serve starts; --engine-url uses one already running: drop one of them")
+        if self.serve and self.engine == "vllm":
+            from halo_train.serve import ServeError, check_engine
+
+            try:
+                check_engine(self.engine)
+            except ServeError as e:
+                raise error(str(e)) from None
         if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
             raise error(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
         for name in ("iterations", "train_steps", "max_tokens", "batch_size"):
@@ -138,6 +161,7 @@ class OnlineConfig(ServedLoopConfig):
     eval_attempts: int = _field(2, "Attempts per held-out task seed.")
     run_id: str | None = _field(None, "Run id of the online run (default: online-<UTC time>; --resume reads it from OUTPUT).")
     resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
+    pipeline: bool = _field(False, "Overlap iteration k+1's rollout (sampled by the version still served) with iteration k's update (a spawned process); each update then trains on rows one version stale, so --max-staleness must be at least 1.")
 
     def __post_init__(self) -> None:
         self.check_served_loop(OnlineError)
@@ -168,6 +192,8 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--choice-labels labels the choices of constrained decoding: add --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
+        if self.pipeline and self.max_staleness < 1:
+            raise OnlineError(f"--pipeline trains each update on rows one version stale: give --max-staleness 1 or more, not {self.max_staleness}")
 
 
 @dataclasses.dataclass
@@ -201,34 +227,140 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
         served = _serve_start(engine, cfg, iterations)
         trained = _latest_adapter(cfg, iterations)
-        for k in range(len(iterations), cfg.iterations):
-            it = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
-            served, trained = it.pop("_served"), it.pop("_trained")
+        loop = _pipelined if cfg.pipeline else _sequential
+        for it in loop(cfg, lake, engine, base_name, run_id, len(iterations), served, trained, _next_sampler(iterations, served)):
+            served = it.pop("_served")
+            it.pop("_trained")
             record = record_iteration(lake, record, cfg, iterations, it, served)
             echo(_describe(it))
     return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
 
 
-def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained: Served) -> dict[str, Any]:
-    """One iteration: sample with ``served``, update ``trained``, save, reload; its record."""
+def _next_sampler(iterations: list[dict[str, Any]], served: Served) -> Served:
+    """The version the first iteration still to do samples with: the served one, unless a pipelined iteration
+    already sampled it (its record names the version that did, the one served while that iteration's update trained)."""
+    nxt = iterations[-1].get("next_rollout") if iterations else None
+    if not nxt:
+        return served
+    return Served(nxt["name"], int(nxt["version"]), nxt["path"])
+
+
+def _sequential(cfg, lake, engine, base_name, run_id, first: int, served: Served, trained: Served,
+                sampler: Served) -> Iterator[dict[str, Any]]:
+    """Iterations ``first`` ... one after the other: sample, update, reload."""
+    for k in range(first, cfg.iterations):
+        t0 = time.perf_counter()
+        it = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained, sampler)
+        served, trained = it["_served"], it["_trained"]
+        sampler = served
+        it["metrics"]["iteration_seconds"] = time.perf_counter() - t0
+        yield it
+
+
+def _pipelined(cfg, lake, engine, base_name, run_id, first: int, served: Served, trained: Served,
+               sampler: Served) -> Iterator[dict[str, Any]]:
+    """Iterations ``first`` ... with iteration k's update (a spawned process) overlapping iteration k+1's rollout.
+
+    The rollout of k+1 samples with the version still served while update k trains, so the update of k+1
+    reads rows one version stale. Iteration k is recorded once both are done (then reloaded): a recorded
+    iteration k therefore also means a complete rollout k+1, whose sampling version the record names
+    (``next_rollout``), and ``--resume`` goes on from update k+1 with exactly those rows.
+    """
+    import multiprocessing
+
+    if first >= cfg.iterations:
+        return
+    t_prev = time.perf_counter()
+    # One update process for the run: its imports (torch, transformers) overlap the first rollout.
+    pool = multiprocessing.get_context("spawn").Pool(1, initializer=_update_worker_init, initargs=(logging.getLogger().level,))
+    try:
+        pending = _sample(cfg, lake, engine, base_name, run_id, first, sampler)
+        for k in range(first, cfg.iterations):
+            it, metrics = pending
+            job = pool.apply_async(_update_job, (cfg, _replayed(cfg, run_id, k), sampler, trained, run_id)) \
+                if metrics["trainable_groups"] else None
+            next_sampler = served  # update k has not been loaded yet: rollout k+1 samples with what serves now
+            r0 = time.time()
+            pending = _sample(cfg, lake, engine, base_name, run_id, k + 1, next_sampler) if k + 1 < cfg.iterations else None
+            r1 = time.time()
+            update, (u0, u1) = job.get() if job else (None, (r1, r1))
+            metrics["pipeline_overlap_seconds"] = max(0.0, min(r1, u1) - max(r0, u0)) if pending else 0.0
+            if pending:
+                it["next_rollout"] = {"run": pending[0]["rollout_run"], "name": next_sampler.name,
+                                      "version": next_sampler.version, "path": next_sampler.path}
+            it = _conclude(cfg, engine, base_name, run_id, k, it, metrics, update, sampler, served, trained)
+            served, trained, sampler = it["_served"], it["_trained"], next_sampler
+            now = time.perf_counter()
+            it["metrics"]["iteration_seconds"], t_prev = now - t_prev, now
+            yield it
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _update_worker_init(level: int) -> None:
+    """The update process: the parent's log level, the libraries quiet as in the parent's CLI, torch imported now."""
+    import os
+    import warnings
+
+    logging.basicConfig(level=level or logging.WARNING, format="%(message)s")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    from transformers.utils import logging as hf_logging
+
+    if level > logging.DEBUG:
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    import halo_train.grpo  # noqa: F401  (the first update would wait for these imports)
+
+
+def _update_job(cfg: OnlineConfig, rollout_runs: list[str], sampled: Served, trained: Served, run_id: str):
+    """``_update`` in the update process; with the wall-clock times it started and ended."""
+    t0 = time.time()
+    update = _update(cfg, Lake.open(cfg.lake), rollout_runs, sampled, trained, run_id)
+    return update, (t0, time.time())
+
+
+def _replayed(cfg: OnlineConfig, run_id: str, k: int) -> list[str]:
+    """The rollout runs update k reads: iteration k's, and the ones before it under --replay-iterations."""
+    return [f"{run_id}-k{j}" for j in range(max(0, k - cfg.replay_iterations + 1), k + 1)]
+
+
+def _iteration(cfg, lake, engine, base_name, run_id, k, served: Served, trained: Served,
+               sampler: Served | None = None) -> dict[str, Any]:
+    """One iteration: sample with ``sampler`` (``served`` unless a pipelined run sampled it), update ``trained``,
+    save, reload; its record."""
+    sampler = sampler or served
+    it, metrics = _sample(cfg, lake, engine, base_name, run_id, k, sampler)
+    update = _update(cfg, lake, _replayed(cfg, run_id, k), sampler, trained, run_id) if metrics["trainable_groups"] else None
+    return _conclude(cfg, engine, base_name, run_id, k, it, metrics, update, sampler, served, trained)
+
+
+def _sample(cfg, lake, engine, base_name, run_id, k, sampler: Served) -> tuple[dict[str, Any], dict[str, float]]:
+    """Iteration k's rollout run with ``sampler`` (resumed where it exists) and its figures."""
     first_seed = cfg.train_seed_start + k * cfg.seeds_per_iteration
-    rollout = _rollout(cfg, engine, base_name, served, f"{run_id}-k{k}", first_seed, cfg.group_size, "rollout",
+    rollout = _rollout(cfg, engine, base_name, sampler, f"{run_id}-k{k}", first_seed, cfg.group_size, "rollout",
                        task_seeds=cfg.seeds_per_iteration)
     stats = _run_stats(lake, rollout.run_id, _view_weights(cfg))
     metrics: dict[str, float] = {
-        "policy_version": served.version, "rewards/mean": stats["reward_mean"], "rewards/std": stats["reward_std"],
+        "policy_version": sampler.version, "rewards/mean": stats["reward_mean"], "rewards/std": stats["reward_std"],
         "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
         "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
     }
-    it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": served.name or base_name,
-                          "sampled_version": served.version, "task_seed": first_seed, "task_seeds": cfg.seeds_per_iteration}
-    replayed = [f"{run_id}-k{j}" for j in range(max(0, k - cfg.replay_iterations + 1), k + 1)]
-    update = _update(cfg, lake, replayed, served, trained, run_id) if stats["n_trainable_groups"] else None
+    it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": sampler.name or base_name,
+                          "sampled_version": sampler.version, "task_seed": first_seed, "task_seeds": cfg.seeds_per_iteration}
+    return it, metrics
+
+
+def _conclude(cfg, engine, base_name, run_id, k, it: dict[str, Any], metrics: dict[str, float], update: dict[str, Any] | None,
+              sampler: Served, served: Served, trained: Served) -> dict[str, Any]:
+    """After update k: load its adapter in place of ``served`` (a refused load keeps ``served``), evaluate if due."""
     it["_trained"], it["_served"] = trained, served
     if update is None:
-        flat = not stats["n_trainable_groups"]
+        flat = not metrics["trainable_groups"]
         it["update"] = "skipped: every group has zero reward spread" if flat else (
-            f"skipped: v{served.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
+            f"skipped: v{sampler.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
     else:
         new = Served(f"policy-{trained.version + 1}", trained.version + 1, str(update["adapter"]))
         it.update(adapter=new.path, train_run=update["run_id"], lineage=update["lineage"], update="trained")
@@ -430,11 +562,12 @@ def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]
 
 @contextlib.contextmanager
 def open_engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
-    """An engine client and the base model's served name; with --serve, a chat server started and stopped here."""
+    """An engine client and the base model's served name; with --serve, the engine --engine picks (vLLM on a GPU,
+    HALO's chat server on CPU) started and stopped here, its output in ``OUTPUT/engine.log``."""
     from halo_agent.serving import EngineClient, EngineError
 
     with contextlib.ExitStack() as stack:
-        url = cfg.engine_url or stack.enter_context(_chat_server(cfg.base_model, out / "engine.log"))
+        url = cfg.engine_url or stack.enter_context(_started_engine(cfg, out / "engine.log"))
         engine = EngineClient(url)
         try:
             engine.wait_ready(timeout=cfg.engine_wait)
@@ -445,6 +578,57 @@ def open_engine(cfg: OnlineConfig, out: Path) -> Iterator[tuple[Any, str]]:
         if not bases:
             raise OnlineError(f"the engine at {url} lists no base model")
         yield engine, bases[0]
+
+
+VLLM_START_SECONDS = 900.0  # vLLM loads the model and captures CUDA graphs before it answers: give it minutes
+
+
+@contextlib.contextmanager
+def _started_engine(cfg, log_path: Path) -> Iterator[str]:
+    """The engine --serve starts (``--engine``; loops without the option get HALO's chat server); yields its URL."""
+    from halo_train import serve
+
+    engine = serve.pick_engine(getattr(cfg, "engine", "chat"))
+    try:
+        serve.check_engine(engine)
+    except serve.ServeError as e:
+        raise OnlineError(str(e)) from None
+    if engine != "vllm":
+        with _chat_server(cfg.base_model, log_path) as url:
+            yield url
+        return
+    with _vllm_server(cfg, log_path) as url:
+        yield url
+
+
+def vllm_spec(cfg, port: int) -> Any:
+    """The ``vllm serve`` an online loop needs: no adapter preloaded, room for two loaded at runtime (the next
+    version is loaded before the serving one is unloaded), ranks up to the fresh adapter's --lora-r or the
+    warm start's own, and --vllm-args."""
+    import shlex
+
+    from halo_train.serve import ServeSpec, adapter_rank
+
+    ranks = [int(getattr(cfg, "lora_r", 16))]
+    init = getattr(cfg, "init_adapter", None)
+    if init:
+        ranks.append(adapter_rank(str(Path(init).expanduser())))
+    return ServeSpec(str(cfg.base_model), {}, port=port, engine="vllm", runtime_loras=2, runtime_ranks=tuple(ranks),
+                     extra_args=tuple(shlex.split(getattr(cfg, "vllm_args", "") or "")))
+
+
+@contextlib.contextmanager
+def _vllm_server(cfg, log_path: Path) -> Iterator[str]:
+    """``vllm serve`` on 127.0.0.1 (a free port) in its own process group with runtime LoRA updating on; yields its
+    URL once GET /v1/models answers, and ends that process group after."""
+    from halo_train import serve
+
+    spec = vllm_spec(cfg, serve.free_port())
+    try:
+        with serve.running(spec, log_path, wait=max(float(cfg.engine_wait), VLLM_START_SECONDS)) as state:
+            yield state["url"]
+    except serve.ServeError as e:
+        raise OnlineError(str(e)) from None
 
 
 @contextlib.contextmanager

@@ -4,27 +4,31 @@
     export HALO_VLLM_URL=http://127.0.0.1:8000/v1
     halo-train serve --stop --port 8000
 
-On a GPU host with vllm installed it runs ``vllm serve`` with LoRA enabled, runtime LoRA
-updating on (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: online GRPO swaps adapters without a
-restart), ``--max-loras`` with room for one swap and ``--max-lora-rank`` from the adapters'
-own ranks. Elsewhere it runs HALO's chat server, which answers the same routes. Either way it
-waits until the engine lists its models, then records the process (pid, start time, command
-line) in a state file per port; ``--stop`` ends that process group only if the pid still
-belongs to the process it started.
+On a GPU host with the ``vllm`` command installed (``--engine auto``) it runs ``vllm serve``
+with LoRA enabled, runtime LoRA updating on (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: online
+GRPO swaps adapters without a restart), ``--max-loras`` with room for one swap and
+``--max-lora-rank`` from the adapters' own ranks. Elsewhere it runs HALO's chat server, which
+answers the same routes. Either way it waits until the engine lists its models, then records
+the process (pid, start time, command line) in a state file per port; ``--stop`` ends that
+process group only if the pid still belongs to the process it started. ``running`` does the
+same for the length of a ``with`` block (``halo-train online-grpo --serve``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from halo_data.lake import LakeError
 
@@ -48,6 +52,10 @@ class ServeSpec:
     host: str = "127.0.0.1"
     engine: str = "auto"
     extra_args: tuple[str, ...] = ()
+    # vLLM: adapters loaded at runtime on top of the preloaded ones (online GRPO loads policy-{v+1} before it
+    # unloads policy-{v}: 2), and the LoRA ranks they may have (a fresh adapter's --lora-r, a warm start's r).
+    runtime_loras: int = 1
+    runtime_ranks: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
@@ -87,12 +95,15 @@ def vllm_max_lora_rank(ranks: list[int]) -> int:
     raise ServeError(f"an adapter has LoRA rank {need}: vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
-def vllm_command(spec: ServeSpec) -> list[str]:
-    """``vllm serve`` with LoRA on: the adapters preloaded, and room for one more for a runtime swap."""
-    ranks = [adapter_rank(path) for path in spec.adapters.values()]
-    command = ["vllm", "serve", spec.base_model, "--host", spec.host, "--port", str(spec.port), "--enable-lora",
-               # online GRPO loads the next version before it unloads the one serving
-               "--max-loras", str(len(spec.adapters) + 1), "--max-lora-rank", str(vllm_max_lora_rank(ranks))]
+def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
+    """``vllm serve`` with LoRA on: the adapters preloaded, and room for ``runtime_loras`` more loaded at runtime.
+
+    The one place HALO builds vLLM's command line (``halo-train serve`` and ``online-grpo --serve``); it runs
+    with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``engine_process``).
+    """
+    ranks = [adapter_rank(path) for path in spec.adapters.values()] + [int(r) for r in spec.runtime_ranks]
+    command = [executable, "serve", spec.base_model, "--host", spec.host, "--port", str(spec.port), "--enable-lora",
+               "--max-loras", str(len(spec.adapters) + spec.runtime_loras), "--max-lora-rank", str(vllm_max_lora_rank(ranks))]
     if spec.adapters:
         command += ["--lora-modules", *(f"{name}={path}" for name, path in spec.adapters.items())]
     return command + list(spec.extra_args)
@@ -106,15 +117,35 @@ def chat_server_command(base_model: str, adapters: dict[str, str], port: int) ->
     return command
 
 
-def pick_engine(requested: str) -> str:
-    """``vllm`` where it is installed and a GPU is present (``auto``), else HALO's chat server."""
-    if requested != "auto":
-        return requested
-    if importlib.util.find_spec("vllm") is None:
-        return "chat"
+def vllm_executable() -> str | None:
+    """The ``vllm`` command: on PATH, or beside this interpreter (a virtual environment not on PATH); None without one."""
+    beside = Path(sys.executable).parent / "vllm"
+    return shutil.which("vllm") or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot serve here (no ``vllm`` command, no CUDA GPU), or None where it can."""
+    if vllm_executable() is None:
+        return "no vllm command on PATH (pip install vllm on a GPU host)"
     import torch
 
-    return "vllm" if torch.cuda.is_available() else "chat"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU"
+    return None
+
+
+def pick_engine(requested: str) -> str:
+    """``vllm`` where its command is installed and a GPU is present (``auto``), else HALO's chat server."""
+    if requested != "auto":
+        return requested
+    return "vllm" if vllm_missing() is None else "chat"
+
+
+def check_engine(engine: str) -> None:
+    """One line when the chosen engine cannot run here (vLLM without its command or a GPU)."""
+    why = vllm_missing() if engine == "vllm" else None
+    if why:
+        raise ServeError(f"--engine vllm cannot run here: {why}; use --engine chat (HALO's chat server on CPU)")
 
 
 def engine_process(spec: ServeSpec) -> tuple[str, list[str], dict[str, str]]:
@@ -169,27 +200,17 @@ def start(spec: ServeSpec, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR
             raise ServeError(f"port {spec.port} is already served by pid {state['pid']} ({state['engine']}): "
                              f"stop it with `halo-train serve --stop --port {spec.port}` first")
         path.unlink()
-    engine, command, env = engine_process(spec)
     if EngineClient(spec.url).ready():
         raise ServeError(f"something already answers at {spec.url}: choose another --port")
     path.parent.mkdir(parents=True, exist_ok=True)
-    log_path = path.with_suffix(".log")
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    state = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid), "command": command, "engine": engine,
-             "url": spec.url, "base_model": spec.base_model, "adapters": spec.adapters, "log": str(log_path)}
+    proc, state = _launch(spec, path.with_suffix(".log"))
     path.write_text(json.dumps(state, indent=2))
+    try:
+        _wait_serving(proc, state, wait)
+    except ServeError:
+        path.unlink(missing_ok=True)
+        raise
     client = EngineClient(spec.url)
-    deadline = time.monotonic() + wait
-    while not client.ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _end(state)
-            path.unlink(missing_ok=True)
-            tail = log_path.read_text(errors="replace").strip().splitlines()
-            why = tail[-1] if tail else f"exit code {proc.returncode}"
-            raise ServeError(f"{engine} did not start serving at {spec.url} ({why}); its log is {log_path}")
-        time.sleep(0.5)
     try:
         names = sorted(client.models())
     except EngineError as e:
@@ -198,6 +219,58 @@ def start(spec: ServeSpec, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR
     if missing:
         log.warning("the engine does not list adapter(s) %s", ", ".join(missing))
     return {**state, "models": names}
+
+
+def _launch(spec: ServeSpec, log_path: Path) -> tuple[subprocess.Popen, dict]:
+    """Start the engine ``spec`` picks in its own process group, its output in ``log_path``; the process and its state."""
+    engine, command, env = engine_process(spec)
+    check_engine(engine)
+    if engine == "vllm":
+        command = [vllm_executable() or command[0], *command[1:]]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    state = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid), "command": command, "engine": engine,
+             "url": spec.url, "base_model": spec.base_model, "adapters": spec.adapters, "log": str(log_path)}
+    return proc, state
+
+
+def _wait_serving(proc: subprocess.Popen, state: dict, wait: float) -> None:
+    """Block until the engine lists its models (GET /v1/models); if it exits or ``wait`` runs out, end it and say why."""
+    from halo_agent.serving import EngineClient
+
+    client = EngineClient(state["url"])
+    deadline = time.monotonic() + wait
+    while not client.ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _end(state)
+            proc.poll()
+            tail = Path(state["log"]).read_text(errors="replace").strip().splitlines()
+            why = tail[-1] if tail else f"exit code {proc.returncode}"
+            raise ServeError(f"{state['engine']} did not start serving at {state['url']} ({why}); its log is {state['log']}")
+        time.sleep(0.5)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the engine binds it moments later)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(spec: ServeSpec, log_path: Path, wait: float = 600.0) -> Iterator[dict]:
+    """The engine for the length of a ``with`` block: started in its own process group, waited for until it
+    serves, and that process group ended at the end (SIGTERM, then SIGKILL), whatever ends the block."""
+    proc, state = _launch(spec, Path(log_path))
+    try:
+        _wait_serving(proc, state, wait)
+        yield state
+    finally:
+        # The leader is not reaped before the group is ended, so its pid (the group id) cannot have been reused.
+        _end(state)
+        proc.wait()
 
 
 def stop(port: int, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR, wait: float = 30.0) -> str:

@@ -1,0 +1,250 @@
+"""halo-train online-grpo --pipeline (iteration k's update overlapping iteration k+1's rollout) and --serve's engine
+choice: real chat server, Chromium, lake and tiny model; only vLLM (a GPU program) is stood in for by an executable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TASKS = ["click-button", "click-test"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny model warmed up on random-policy steps, so its answers parse as actions and groups have spread."""
+    from halo_train.testing import warm_tiny_model
+
+    return warm_tiny_model(tmp_path_factory.mktemp("pipeline"), TASKS)
+
+
+def online_config(tiny: str, tmp_path: Path, **overrides):
+    from halo_train.online import OnlineConfig
+
+    options = dict(base_model=tiny, tasks=TASKS, iterations=2, group_size=4, max_episode_steps=2, train_steps=1,
+                   lr=0.01, max_tokens=24, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
+                   run_id="online", progress=False, seeds_per_iteration=2, pipeline=True)
+    options.update(overrides)
+    return OnlineConfig(**options)
+
+
+def lora_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def query(lake: str, sql: str) -> list[dict]:
+    from halo_data.lake import Lake
+
+    return Lake.open(lake).query_arrow(sql).to_pylist()
+
+
+def test_two_pipelined_iterations_sample_with_the_served_version_and_train_on_one_stale_rows(tiny, tmp_path):
+    from halo_train.online import run_online
+    from halo_train.trainer_utils import STATS_FILE
+
+    cfg = online_config(tiny, tmp_path, serve=True)
+    lines: list[str] = []
+    summary = run_online(cfg, echo=lines.append)
+
+    out = Path(cfg.output_dir)
+    assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]
+    assert all("{" not in line for line in lines)
+    assert "-> policy-1, reload" in lines[0] and "-> policy-2, reload" in lines[1]
+    assert summary.served == "policy-2"
+    one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
+    assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
+
+    # Iteration 1 sampled while update 0 trained: with version 0, the one still served, and its rows say so.
+    rows = query(cfg.lake, "select run_id, policy_version, count(*) n from episodes group by all order by run_id")
+    assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 16), ("online-k1", "0", 16)]
+    iterations = json.loads(query(cfg.lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
+    assert [it["sampled_version"] for it in iterations] == [0, 0]
+    assert iterations[0]["next_rollout"] == {"run": "online-k1", "name": None, "version": 0, "path": None}
+    assert [it["served_after"]["name"] for it in iterations] == ["policy-1", "policy-2"]
+
+    # Update 1 continued policy-1 on iteration 1's rows, sampled by version 0: one version stale, none dropped.
+    stats = json.loads((out / "policy-2" / STATS_FILE).read_text())
+    assert stats["config"]["init_adapter"] == str((out / "policy-1").resolve())
+    assert stats["where"] == "run_id = 'online-k1' and policy_version = '0'"
+    assert stats["rows"] > 0 and stats["dropped_rows"] == 0 and stats["metrics"]["frac_rows_off_policy"] == 1.0
+
+    metrics = {(m["step"], m["metric"]): m["value"] for m in query(
+        cfg.lake, "select step, metric, value from train_metrics where run_id = 'online'")}
+    assert metrics[(0, "pipeline_overlap_seconds")] > 0  # update 0 and rollout 1 ran at the same time
+    assert metrics[(1, "pipeline_overlap_seconds")] == 0  # the last update has no rollout to overlap
+    assert all(metrics[(s, "iteration_seconds")] > 0 and (s, "update_seconds") in metrics for s in (0, 1))
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "halo_train.cli", "online-grpo", *args]
+
+
+def test_kill_9_during_a_pipelined_run_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_path):
+    args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "3", "--group-size", "4",
+            "--max-episode-steps", "2", "--train-steps", "1", "--lr", "0.01", "--max-tokens", "24", "--no-progress",
+            "--lake", str(tmp_path / "lake"), "--output-dir", str(tmp_path / "out"), "--run-id", "online", "--pipeline"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Its own process group: the kill takes the command, its update process and its chat server, nothing else.
+    proc = subprocess.Popen(_cli(*args), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = tmp_path / "out" / "policy-1" / "adapter_model.safetensors"
+    deadline = time.monotonic() + 180
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # update 0 just saved; rollout 1 overlapping it is usually under way
+    proc.wait()
+    assert first.exists(), "the first update never saved its adapter"
+    saved = first.read_bytes()
+
+    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert first.read_bytes() == saved  # policy-1 adopted as it was, not trained again
+    lake = str(tmp_path / "lake")
+    episodes = query(lake, "select run_id, policy_version, count(*) n, count(distinct episode_id) d from episodes "
+                           "group by all order by run_id")
+    # Rollout 1 sampled with version 0 before and after the kill (it overlapped update 0), rollout 2 with version 1.
+    assert [(r["run_id"], r["policy_version"], r["n"], r["d"]) for r in episodes] == [
+        ("online-k0", "0", 8, 8), ("online-k1", "0", 8, 8), ("online-k2", "1", 8, 8)]
+    steps = query(lake, "select count(*) n, count(distinct (episode_id, step_idx)) d from steps")[0]
+    assert steps["n"] == steps["d"]
+    run = query(lake, "select status, config from runs where run_id = 'online'")[0]
+    assert run["status"] == "finished"
+    iterations = json.loads(run["config"])["iterations"]
+    assert [it["iteration"] for it in iterations] == [0, 1, 2]
+    assert [it["next_rollout"]["version"] for it in iterations[:2]] == [0, 1]
+    # Each version trained once: one loss row per optimizer step of each update run.
+    expected = [(f"online-u{k + 1}", 1) for k, it in enumerate(iterations) if it["update"] == "trained"]
+    assert expected[0] == ("online-u1", 1)
+    losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
+                         "group by run_id order by run_id")
+    assert [(r["run_id"], r["n"]) for r in losses] == expected
+    metric_rows = query(lake, "select step, metric, count(*) n from train_metrics where run_id = 'online' group by all")
+    assert {r["step"] for r in metric_rows} == {0, 1, 2} and all(r["n"] == 1 for r in metric_rows)
+    assert "iteration 2:" in done.stdout
+
+
+STAND_IN = """#!{python}
+# Stands in for vLLM's `vllm` command where vLLM cannot run (no GPU): records what it was given, then serves
+# the base model with HALO's chat server on the port vLLM was told to use.
+import json, os, sys
+args = sys.argv[1:]
+with open({record!r}, "w") as f:
+    json.dump({{"argv": args, "runtime_lora": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+               "pid": os.getpid(), "pgid": os.getpgid(0)}}, f)
+flags = {{"--host": 1, "--port": 1, "--enable-lora": 0, "--max-loras": 1, "--max-lora-rank": 1, "--max-model-len": 1}}
+i = 2
+while i < len(args):  # vLLM's own argument parser refuses what it does not know; so does this one
+    if args[i] not in flags:
+        sys.exit(f"vllm: error: unrecognized arguments: {{args[i]}}")
+    i += 1 + flags[args[i]]
+assert args[0] == "serve" and args[args.index("--host") + 1] == "127.0.0.1"
+os.execv(sys.executable, [sys.executable, "-m", "halo_agent.chat_server", "--model", args[1],
+                          "--port", args[args.index("--port") + 1], "--device", "cpu"])
+"""
+
+
+def stand_in_vllm(folder: Path) -> Path:
+    """A `vllm` executable in ``folder``; returns the file it records its arguments, environment and pid in."""
+    record = folder / "vllm-called.json"
+    exe = folder / "vllm"
+    exe.write_text(STAND_IN.format(python=sys.executable, record=str(record)))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return record
+
+
+def test_serve_starts_vllm_with_runtime_lora_waits_for_it_and_ends_its_process_group(tiny, tmp_path, monkeypatch):
+    from halo_train.online import run_online
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = stand_in_vllm(bin_dir)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU vLLM needs (`--engine auto` looks for it)
+
+    cfg = online_config(tiny, tmp_path, serve=True, iterations=1, tasks=["click-button"], group_size=2,
+                        seeds_per_iteration=1, max_episode_steps=1, pipeline=False, vllm_args="--max-model-len 2048")
+    lines: list[str] = []
+    run_online(cfg, echo=lines.append)
+
+    called = json.loads(record.read_text())
+    port = called["argv"][called["argv"].index("--port") + 1]
+    assert called["argv"] == ["serve", tiny, "--host", "127.0.0.1", "--port", port, "--enable-lora", "--max-loras", "2",
+                              "--max-lora-rank", "16", "--max-model-len", "2048"]
+    assert called["runtime_lora"] == "True"
+    assert called["pgid"] == called["pid"]  # its own process group, which the run ended
+    with pytest.raises(ProcessLookupError):
+        os.killpg(called["pgid"], 0)
+    assert lines[0].startswith("iteration 0: sampled v0")
+    assert query(cfg.lake, "select count(*) n from episodes")[0]["n"] == 2  # the rollout went through the engine
+
+
+def test_the_online_vllm_command_line(tmp_path):
+    from halo_train.online import vllm_spec
+    from halo_train.serve import engine_process, vllm_command
+
+    warm = tmp_path / "sft"
+    warm.mkdir()
+    (warm / "adapter_config.json").write_text(json.dumps({"r": 24, "peft_type": "LORA"}))
+    base = tmp_path / "base"
+    base.mkdir()
+    cfg = online_config(str(base), tmp_path, serve=True, init_adapter=str(warm), lora_r=8,
+                        vllm_args="--gpu-memory-utilization 0.8 --max-model-len 8192")
+    spec = vllm_spec(cfg, 8123)
+    assert vllm_command(spec) == [
+        "vllm", "serve", str(base), "--host", "127.0.0.1", "--port", "8123", "--enable-lora", "--max-loras", "2",
+        "--max-lora-rank", "32", "--gpu-memory-utilization", "0.8", "--max-model-len", "8192"]
+    name, command, env = engine_process(spec)
+    assert (name, command, env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]) == ("vllm", vllm_command(spec), "True")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--serve", "--pipeline", "--max-staleness", "0"],
+     "Error: --pipeline trains each update on rows one version stale: give --max-staleness 1 or more, not 0"),
+    (["--engine-url", "http://127.0.0.1:9/v1", "--engine", "vllm"],
+     "Error: --engine vllm picks the engine --serve starts; --engine-url uses one already running: drop one of them"),
+    (["--serve", "--engine", "vllm"], "Error: --engine vllm cannot run here: torch sees no CUDA GPU; use --engine chat"),
+    (["--serve", "--engine", "gpu"], "Error: Invalid value for '--engine'"),
+])
+def test_bad_input_is_one_error_line(tmp_path, monkeypatch, extra, message):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in_vllm(bin_dir)  # vLLM's command is there; the GPU it needs is not
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = tmp_path / "base"
+    base.mkdir()
+    args = ["online-grpo", "--base-model", str(base), "--lake", str(tmp_path / "lake"), "--output-dir", str(tmp_path / "out"), *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith(message), result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out" / "policy-1").exists()
+
+
+def test_engine_vllm_without_its_command_is_one_error_line(tmp_path, monkeypatch):
+    from halo_train import serve
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no vllm anywhere on it
+    monkeypatch.setattr(serve, "vllm_executable", lambda: None)
+    with pytest.raises(serve.ServeError, match="^--engine vllm cannot run here: no vllm command on PATH"):
+        serve.check_engine("vllm")
+    assert serve.pick_engine("auto") == "chat"
