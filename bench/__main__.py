@@ -5,6 +5,7 @@ import sys
 COMMANDS = {
     "online": ("bench.online", "online GRPO: held-out success of start, random and final"),
     "state-groups": ("bench.state_groups", "online GRPO by state vs by episode: trainable groups, seconds per iteration"),
+    "online-pipeline": ("bench.online_pipeline", "online GRPO sequential vs --pipeline: seconds per iteration"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
     "os-ppo": ("bench.os_ppo", "reward per PPO epoch on short os tasks"),
