@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-episode-steps", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=8, help="Optimizer steps per update.")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help="1e-12: the adapters stay (all but) the start model, so both modes sample the same actions and do the same work.")
     ap.add_argument("--warmup-seeds", type=int, default=4)
     ap.add_argument("--warmup-steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (OMP_NUM_THREADS).")
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the update's own progress bars, as the CLI and the update process keep them
+    hf_logging.disable_progress_bar()
     from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_train.tiny_model import build_tiny_model
 

@@ -432,7 +432,10 @@ class Lake:
                 )
                 return
             except Exception as e:  # a concurrent merge on the same rows is a conflict, not a failure
-                if "conflict" not in str(e).lower() or attempt == 19:
+                # delta-rs says either "conflict" or "a concurrent transactions added new data" (another
+                # process's merge into runs, e.g. a rollout beside a training job): the upsert is rerun.
+                message = str(e).lower()
+                if ("conflict" not in message and "concurrent transaction" not in message) or attempt == 19:
                     raise
                 time.sleep(0.05 * (attempt + 1))
 

@@ -317,8 +317,17 @@ def _update_worker_init(level: int) -> None:
 
 def _update_job(cfg: OnlineConfig, rollout_runs: list[str], sampled: Served, trained: Served, run_id: str):
     """``_update`` in the update process; with the wall-clock times it started and ended."""
+    import pickle
+
     t0 = time.time()
-    update = _update(cfg, Lake.open(cfg.lake), rollout_runs, sampled, trained, run_id)
+    try:
+        update = _update(cfg, Lake.open(cfg.lake), rollout_runs, sampled, trained, run_id)
+    except Exception as e:  # the parent gets the error itself, or its line where it cannot be sent (a Rust error type)
+        try:
+            pickle.dumps(e)
+        except Exception:
+            raise RuntimeError(f"update of v{trained.version} failed: {type(e).__name__}: {e}") from None
+        raise
     return update, (t0, time.time())
 
 
