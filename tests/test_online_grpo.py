@@ -213,8 +213,9 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
     assert {s["task_seed"] for s in steps} == {0, 1}  # two train task seeds in the iteration, a group each
     assert all(s["parse_error"] is None and s["action"] == s["model_output"] for s in steps)
     assert {s["prompt_version"] for s in steps} == {"halo-prompt-v2-elements"}
-    page = json.loads(steps[0]["prompt"])[1]["content"].split("Page:\n", 1)[1].rsplit("\nNext action:", 1)[0]
+    page, goal = json.loads(steps[0]["prompt"])[1]["content"].split("Page:\n", 1)[1].rsplit("\nGoal: ", 1)
     assert page and all(line.startswith("[") and line.endswith("'") for line in page.splitlines())
+    assert goal.endswith("\nNext action:")  # the goal after the page, right before the answer
     # Success-only weights, in the rollout's rewards and in the views the iteration's figures come from.
     weights = query(cfg.lake, "select distinct reward_weights from steps")
     assert [json.loads(w["reward_weights"])["progress"] for w in weights] == [0.0]
