@@ -221,7 +221,8 @@ def test_commands_that_add_data_create_a_missing_lake(tmp_path):
 
 
 EXPECTED_VIEWS = ["screenshots", "step_rewards", "episodes", "episode_summary", "progress_ranking", "bc_rows", "mcts_pairs",
-                  "dpo_pairs", "grpo_groups", "reward_stats", "eval_matrix", "verified_actions", "episode_costs"]
+                  "dpo_pairs", "grpo_groups", "reward_stats", "eval_matrix", "verified_actions", "episode_costs",
+                  "state_groups"]
 
 
 def test_views_lists_every_view_with_its_description():
