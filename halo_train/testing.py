@@ -144,3 +144,18 @@ def warm_tiny_model(root, tasks: Sequence[str], rollouts_per_task: int = 6, max_
     run_rollouts(RolloutConfig(env="miniwob", tasks=list(tasks), rollouts_per_task=rollouts_per_task, policy="random",
                                max_steps=max_steps, lake=str(root / "warm"), run_id="warm", progress=False))
     return str(build_tiny_model(root / "tiny", warmup_lake=root / "warm", steps=steps))
+
+
+def small_online_config(base_model: str, root, **overrides):
+    """An OnlineConfig with budgets small enough for a test (2 iterations, groups of 4, 2-step episodes,
+    one optimizer step per update), its lake and adapters under ``root``; ``overrides`` change any field."""
+    from pathlib import Path
+
+    from halo_train.online import OnlineConfig
+
+    root = Path(root)
+    options = dict(base_model=base_model, tasks=["click-button", "click-test"], iterations=2, group_size=4,
+                   max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24, lake=str(root / "lake"),
+                   output_dir=str(root / "out"), run_id="online", progress=False)
+    options.update(overrides)
+    return OnlineConfig(**options)

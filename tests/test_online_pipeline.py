@@ -31,13 +31,9 @@ def tiny(tmp_path_factory) -> str:
 
 
 def online_config(tiny: str, tmp_path: Path, **overrides):
-    from halo_train.online import OnlineConfig
+    from halo_train.testing import small_online_config
 
-    options = dict(base_model=tiny, tasks=TASKS, iterations=2, group_size=4, max_episode_steps=2, train_steps=1,
-                   lr=0.01, max_tokens=24, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
-                   run_id="online", progress=False, seeds_per_iteration=2, pipeline=True)
-    options.update(overrides)
-    return OnlineConfig(**options)
+    return small_online_config(tiny, tmp_path, **{"tasks": TASKS, "seeds_per_iteration": 2, "pipeline": True, **overrides})
 
 
 def lora_weights(folder: Path) -> dict:
