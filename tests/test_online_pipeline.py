@@ -18,34 +18,14 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-TASKS = ["click-button", "click-test"]
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    """A tiny model warmed up on random-policy steps, so its answers parse as actions and groups have spread."""
-    from halo_train.testing import warm_tiny_model
-
-    return warm_tiny_model(tmp_path_factory.mktemp("pipeline"), TASKS)
+# The online tests' model (their module-scoped fixture, one per module), task list and helpers.
+from test_online_grpo import REPO, TASKS, _cli, lora_weights, query, tiny  # noqa: E402,F401
 
 
 def online_config(tiny: str, tmp_path: Path, **overrides):
     from halo_train.testing import small_online_config
 
     return small_online_config(tiny, tmp_path, **{"tasks": TASKS, "seeds_per_iteration": 2, "pipeline": True, **overrides})
-
-
-def lora_weights(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(folder / "adapter_model.safetensors"))
-
-
-def query(lake: str, sql: str) -> list[dict]:
-    from halo_data.lake import Lake
-
-    return Lake.open(lake).query_arrow(sql).to_pylist()
 
 
 def test_two_pipelined_iterations_sample_with_the_served_version_and_train_on_one_stale_rows(tiny, tmp_path):
@@ -109,10 +89,6 @@ def test_a_refused_reload_in_a_pipelined_run_keeps_the_served_version_and_the_da
     assert (tmp_path / "out" / "policy-2" / "adapter_config.json").exists()
     iterations = json.loads(query(lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
     assert [it["served_after"]["name"] for it in iterations] == [None, None]
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "halo_train.cli", "online-grpo", *args]
 
 
 def test_kill_9_during_a_pipelined_run_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_path):
