@@ -357,6 +357,8 @@ def _sample(cfg, lake, engine, base_name, run_id, k, sampler: Served) -> tuple[d
         "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
         "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
     }
+    if "unreproducible_states" in stats:  # --group-by state: states left out of training because they did not restore
+        metrics["unreproducible_states"] = stats["unreproducible_states"]
     it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": sampler.name or base_name,
                           "sampled_version": sampler.version, "task_seed": first_seed, "task_seeds": cfg.seeds_per_iteration}
     return it, metrics

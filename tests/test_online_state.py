@@ -196,6 +196,8 @@ def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, t
     assert (stats["source_view"], stats["group_by"]) == ("state_groups", "state")
     assert "online-k0" in stats["where"] and stats["rows"] == sum(g["n"] for g in trainable)
     assert it["metrics"]["trainable_groups"] == len(trainable)
+    unreproducible = {(c["episode_id"], c["step_idx"]) for c in cands if c["score_source"] == "unreproducible"}
+    assert it["metrics"]["unreproducible_states"] == len(unreproducible)  # counted in train_metrics, never trained on
     assert it["metrics"]["frac_reward_zero_std"] == pytest.approx(1 - len(trainable) / len(groups))
     assert "importance_ratio_mean" in it["metrics"]  # against the candidates' stored logprobs
     # Trained (LoRA B starts at zero), saved as policy-1 and reloaded into the engine.
