@@ -202,23 +202,27 @@ def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any
 
 
 def _mark_wrappers(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]]) -> list[Element]:
-    """Mark each element that contains another listed element of the same non-empty name (``wraps`` = the inner bid)."""
+    """Mark each element that contains another listed element of the same non-empty name (``wraps`` = the inner bid).
+
+    One walk up from each named element to its nearest same-named listed ancestor: the tree's depth per
+    element, not an ancestor's whole subtree."""
     listed = {e.bid: e for e in elements}
-    node_of = {n.get("browsergym_id"): n for n in nodes if n.get("browsergym_id") in listed}
-    out = []
+    parent = {child: n.get("nodeId") for n in nodes for child in n.get("childIds", [])}
+    node_of = {n.get("browsergym_id"): n.get("nodeId") for n in nodes if n.get("browsergym_id") in listed}
+    wraps: dict[str, str] = {}
     for element in elements:
-        inner = None
-        stack = list(node_of[element.bid].get("childIds", [])) if element.name else []
-        while stack and inner is None:
-            child = by_id.get(stack.pop(0))
-            if child is None:
-                continue
-            other = listed.get(child.get("browsergym_id"))
-            if other is not None and other.bid != element.bid and other.name == element.name:
-                inner = other.bid
-            stack.extend(child.get("childIds", []))
-        out.append(dataclasses.replace(element, wraps=inner) if inner else element)
-    return out
+        if not element.name:
+            continue
+        node_id = parent.get(node_of[element.bid])
+        for _ in range(len(nodes)):  # bounded: a malformed tree's cycle cannot hang an observation
+            if node_id is None:
+                break
+            outer = listed.get((by_id.get(node_id) or {}).get("browsergym_id"))
+            if outer is not None and outer.bid != element.bid and outer.name == element.name:
+                wraps.setdefault(outer.bid, element.bid)
+                break
+            node_id = parent.get(node_id)
+    return [dataclasses.replace(e, wraps=wraps[e.bid]) if e.bid in wraps else e for e in elements]
 
 
 # Playwright's internals behind _PageDevTools' fast path; cleared, for the whole process, the
