@@ -49,9 +49,10 @@ def query(lake: str, sql: str) -> list[dict]:
 def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path):
     from halo_train.online import run_online
 
-    # Two task seeds (groups) per iteration: an iteration whose groups are all flat trains nothing (and serves the
-    # version before), which one group of a sharpened tiny model can be; this test is about two updates.
-    cfg = online_config(tiny, tmp_path, serve=True, eval_every=2, eval_seeds=1, eval_attempts=1, seeds_per_iteration=2)
+    # Four task seeds per iteration (8 groups over the two tasks): an iteration whose groups are all flat trains
+    # nothing (and serves the version before), which a few groups of a sharpened tiny model can be (seen with 4
+    # groups); this test is about two updates.
+    cfg = online_config(tiny, tmp_path, serve=True, eval_every=2, eval_seeds=1, eval_attempts=1, seeds_per_iteration=4)
     lines: list[str] = []
     summary = run_online(cfg, echo=lines.append)
 
