@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="Decode only the page's actions (structured-output choice).")
     ap.add_argument("--choice-labels", action=argparse.BooleanOptionalAction, default=False,
                     help="Each constrained choice names its element first (# 'Tab #2' then click('21')).")
+    ap.add_argument("--group-by", choices=("episode", "state"), default="episode",
+                    help="episode: the attempts of a task seed; state: candidates scored from each visited state.")
+    ap.add_argument("--candidates-per-state", type=int, default=8, help="With --group-by state: the group size at a state.")
+    ap.add_argument("--cover-choices", action=argparse.BooleanOptionalAction, default=False,
+                    help="With --group-by state: a state's group is its offered choices, each once (see online-grpo).")
     ap.add_argument("--replay-iterations", type=int, default=1, help="Iterations' groups each update reads (this one included).")
     ap.add_argument("--max-staleness", type=int, default=1, help="Rows at most this many versions older than the updated weights.")
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the base model.")
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         base_model=str(model), tasks=[a.task], iterations=a.iterations, group_size=a.group_size,
         max_episode_steps=a.max_episode_steps, train_steps=a.train_steps, lr=a.lr, serve=True, eval_every=a.eval_every,
         seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
-        choice_labels=a.choice_labels, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
+        choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
+        cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
         reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),

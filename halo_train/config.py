@@ -43,6 +43,7 @@ GRPO_LOSS_TYPES = ("dr_grpo", "grpo", "bnpo")
 # candidates sampled and scored at one visited state (state_groups).
 GRPO_GROUP_VIEWS = {"episode": "grpo_groups", "state": "state_groups"}
 GRPO_GROUP_BY = tuple(GRPO_GROUP_VIEWS)
+STATE_BASELINES = ("mean", "min")
 SCALE_REWARDS = ("none", "group", "batch")
 # Served adapter names that halo-agent's shipped eval modes (halo_agent/configs/modes.yaml) request: the text
 # modes for a text base model, the screenshot modes (qwen3vl_*) for a vision-language one. The text GRPO
@@ -272,6 +273,14 @@ class GRPOConfig(TrainConfig):
         "none: advantage = reward - group mean (Dr. GRPO); group: divided by the group's std; batch: by the std of all rewards read.",
         choices=SCALE_REWARDS,
     )
+    state_baseline: str = _field(
+        "mean",
+        "With --group-by state: what a candidate's score is compared with. mean: its state group's mean (GRPO; for "
+        "candidates the policy sampled). min: the group's lowest score, so no candidate is pushed down: for groups that "
+        "enumerate the page's actions (online-grpo --cover-choices), where the mean would push every below-average "
+        "action towards probability 0 and collapse the policy onto the action right most often.",
+        choices=STATE_BASELINES,
+    )
     epsilon: float = _field(0.2, "Lower clip range of the importance ratio (used where behaviour logprobs are stored).")
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28).")
     max_completion_length: int = _field(256, "Completion tokens kept per row; dr_grpo's constant normaliser.")
@@ -295,6 +304,10 @@ class GRPOConfig(TrainConfig):
             raise TrainConfigError(f"--loss-type must be one of {', '.join(GRPO_LOSS_TYPES)} for grpo, got {self.loss_type!r}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise TrainConfigError(f"--scale-rewards must be one of {', '.join(SCALE_REWARDS)}, got {self.scale_rewards!r}")
+        if self.state_baseline not in STATE_BASELINES:
+            raise TrainConfigError(f"--state-baseline must be one of {', '.join(STATE_BASELINES)}, got {self.state_baseline!r}")
+        if self.state_baseline != "mean" and self.group_by != "state":
+            raise TrainConfigError(f"--state-baseline {self.state_baseline} compares the candidates of a state: add --group-by state")
         if not 0 < self.epsilon < 1:
             raise TrainConfigError(f"--epsilon must be in (0, 1), got {self.epsilon}")
         if self.epsilon_high is not None and self.epsilon_high <= 0:

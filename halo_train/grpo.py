@@ -117,7 +117,7 @@ VLM_MEMBERS_SQL = _MEMBERS_SQL.format(columns=", screenshot_hash", join=_SHOTS_J
 _STATE_MEMBERS_SQL = """
 SELECT
     'state' AS level, group_key, run_id, task_id, policy_version, episode_id, step_idx, candidate_idx,
-    prompt, completion, logprob_sum, score AS reward, group_std, zero_std, advantage,
+    prompt, completion, logprob_sum, score AS reward, group_std, group_min, zero_std, advantage,
     advantage AS combined_advantage{columns}
 FROM selected{join}
 ORDER BY group_key, candidate_idx
@@ -245,11 +245,13 @@ def state_members(
     scale_rewards: str = "none",
     policy_version: int | None = None,
     max_staleness: int | None = None,
+    baseline: str = "mean",
 ) -> GroupSummary:
     """state_groups rows (STATE_MEMBERS_SQL) -> one training row per candidate, with its advantage.
 
-    The advantage is the view's (score - state group mean); under ``scale_rewards`` group it is divided
-    by the state group's std, under batch by the std of every score kept. Rows staler than
+    The advantage is the view's (score - state group mean), or with ``baseline`` "min" score - the
+    group's lowest score; under ``scale_rewards`` group it is divided by the state group's std, under
+    batch by the std of every score kept. Rows staler than
     ``max_staleness`` are dropped; the rows of a zero-std state group (advantage exactly 0) are skipped.
     """
     versions = [parse_policy_version(r.get("policy_version")) for r in rows]
@@ -260,7 +262,8 @@ def state_members(
     kept: list[dict[str, Any]] = []
     skipped = 0
     for r in fresh:
-        advantage = scaled(float(r["advantage"]), float(r["group_std"]), scale_rewards, batch_std)
+        centred = float(r["advantage"]) if baseline == "mean" else float(r["reward"]) - float(r["group_min"])
+        advantage = scaled(centred, float(r["group_std"]), scale_rewards, batch_std)
         if r["zero_std"]:  # a flat state: no signal
             skipped += 1
             continue
@@ -467,7 +470,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
     rows = read.table.to_pylist()
     by_state = cfg.group_by == "state"
     if by_state:
-        summary = state_members(rows, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
+        summary = state_members(rows, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness, cfg.state_baseline)
     else:
         summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
     log.info(

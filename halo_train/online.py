@@ -149,6 +149,7 @@ class OnlineConfig(ServedLoopConfig):
         "--candidates-per-state actions sampled in one call, each executed from the state restored by replay and scored "
         "with the dense reward (state_groups; a state that does not reproduce is left out).", choices=GROUP_BY)
     candidates_per_state: int = _field(8, "With --group-by state: candidate actions sampled at each visited state, one group (at least 2); the episode goes on with the first.")
+    cover_choices: bool = _field(False, "With --group-by state and --constrain-actions: a state's group is the sampled action and the page's other choices, each once (the --candidates-per-state - 1 most likely), instead of that many draws; each is scored from the restored state, so every offered action is compared with the others. Not drawn from the policy, they are compared with the group's lowest score (grpo --state-baseline min), not its mean.")
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
@@ -190,6 +191,8 @@ class OnlineConfig(ServedLoopConfig):
             )
         if self.choice_labels and not self.constrain_actions:
             raise OnlineError("--choice-labels labels the choices of constrained decoding: add --constrain-actions")
+        if self.cover_choices and not (self.constrain_actions and self.group_by == "state"):
+            raise OnlineError("--cover-choices makes each state's group of the page's choices: add --group-by state and --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.pipeline and self.max_staleness < 1:
@@ -404,7 +407,8 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
     through_engine = dict(
         model=base_name, adapter=served.name, policy_version=str(served.version),
         policy_options={"base_url": engine.base_url, "max_tokens": cfg.max_tokens, "constrain_actions": cfg.constrain_actions,
-                        "choice_labels": cfg.choice_labels, **screenshot_options(cfg)},
+                        "choice_labels": cfg.choice_labels, **screenshot_options(cfg),
+                        **({"cover_choices": True} if cfg.cover_choices and kind == "rollout" else {})},
     ) if policy == "openai" else {}
     return run_rollouts(RolloutConfig(
         env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
@@ -500,6 +504,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
             train_grpo(GRPOConfig(
                 lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
                 run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
+                state_baseline="min" if cfg.cover_choices else "mean",
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
                 params=_view_weights(cfg),

@@ -111,6 +111,44 @@ def test_labels_without_constrained_decoding_are_refused(served):
         OpenAIPolicy(model="tiny", base_url=served.url, constrain_actions=True, choice_labels="yes")
 
 
+@pytest.mark.parametrize("n", [8, 2])
+def test_covering_the_choices_draws_the_action_then_forces_each_other_choice_most_likely_first(served, n):
+    from halo_agent.policies.openai_policy import OpenAIPolicy
+    from halo_data import prompts
+    from halo_train.grpo import completion_logprobs
+
+    obs = _observation()
+    labelled = page_actions(obs.elements, labels=True)
+    policy = OpenAIPolicy(model="tiny", base_url=served.url, temperature=1.0, n=n, seed=4, constrain_actions=True,
+                          choice_labels=True, cover_choices=True)
+    served.received.clear()
+    action = policy.act(obs)
+    requests = list(served.received)
+    # One draw among all the choices (n=1), then one forced request for each other choice.
+    assert requests[0]["choices"] == labelled and requests[0]["n"] == 1
+    assert sorted(r["choices"][0] for r in requests[1:]) == sorted(c for c in labelled if c != action.model_output)
+    assert all(len(r["choices"]) == 1 and r["n"] == 1 for r in requests[1:])
+    samples = policy.last_samples
+    assert samples[0] is action and len(samples) == min(n, len(labelled))
+    assert len({s.model_output for s in samples}) == len(samples) and {s.model_output for s in samples} <= set(labelled)
+    # Each forced choice carries the engine's log-probability of it, the trainer's too; the likeliest come first.
+    tokenizer, model = served.engine.tokenizer, served.engine.model
+    expected = {c: completion_logprobs(model, tokenizer, prompts.dumps(obs.messages), c) for c in labelled}
+    for sample in samples:
+        assert sample.logprob_sum == pytest.approx(expected[sample.model_output], abs=1e-4)
+        assert sample.action == page_actions(obs.elements)[labelled.index(sample.model_output)]
+    others = sorted((c for c in labelled if c != action.model_output), key=lambda c: -expected[c])
+    assert [s.model_output for s in samples[1:]] == others[: n - 1]
+    assert policy.config()["cover_choices"] is True
+
+
+def test_covering_needs_constrained_decoding(served):
+    from halo_agent.policies.openai_policy import OpenAIPolicy, PolicyConfigError
+
+    with pytest.raises(PolicyConfigError, match="cover_choices covers the choices of constrained decoding"):
+        OpenAIPolicy(model="tiny", base_url=served.url, n=4, cover_choices=True)
+
+
 def test_a_stored_answer_gets_the_label_of_the_element_it_acted_on():
     from halo_agent.actions import labelled_answer
 

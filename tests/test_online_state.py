@@ -56,7 +56,7 @@ def candidates_lake(tmp_path) -> str:
 
 def test_state_groups_have_their_mean_std_and_advantages_and_no_unreproducible_state(candidates_lake):
     got = query(candidates_lake, "select group_key, episode_id, step_idx, candidate_idx, score, group_mean, group_std, "
-                                 "group_size, zero_std, advantage, completion, logprob_sum, policy_version "
+                                 "group_min, group_size, zero_std, advantage, completion, logprob_sum, policy_version "
                                  "from state_groups order by group_key, candidate_idx")
     assert {r["episode_id"] for r in got} == {"e1", "e3"}  # e2's state did not reproduce: none of its candidates
     spread = [r for r in got if r["group_key"] == "r|e1|0|h-s0|0"]
@@ -64,6 +64,7 @@ def test_state_groups_have_their_mean_std_and_advantages_and_no_unreproducible_s
     assert [(r["score"], r["group_mean"], r["advantage"]) for r in spread] == [
         (1.0, 0.5, 0.5), (0.0, 0.5, -0.5), (0.5, 0.5, 0.0), (0.5, 0.5, 0.0)]
     assert all(r["group_std"] == pytest.approx(std) and r["group_size"] == 4 and not r["zero_std"] for r in spread)
+    assert {r["group_min"] for r in spread} == {0.0}
     assert [r["completion"] for r in spread] == ["click('10')", "click('11')", "click('12')", "click('13')"]
     assert [r["logprob_sum"] for r in spread] == [-1.5, -2.5, -3.5, -4.5]
     flat = [r for r in got if r["group_key"] == "r|e1|1|h-s1|0"]
@@ -134,14 +135,57 @@ def test_grpo_group_by_state_without_signal_says_what_to_collect(candidates_lake
 def test_state_members_scale_and_skip_flat_states():
     from halo_train.grpo import state_members
 
-    rows = [dict(level="state", group_key=g, policy_version="0", reward=r, group_std=s, zero_std=z, advantage=a,
-                 logprob_sum=None) for g, r, s, z, a in [("a", 1.0, 0.5, False, 0.25), ("a", 0.5, 0.5, False, -0.25),
-                                                         ("b", 0.2, 0.0, True, 0.0)]]
+    rows = [dict(level="state", group_key=g, policy_version="0", reward=r, group_std=s, group_min=m, zero_std=z,
+                 advantage=a, logprob_sum=None)
+            for g, r, s, m, z, a in [("a", 1.0, 0.5, 0.5, False, 0.25), ("a", 0.5, 0.5, 0.5, False, -0.25),
+                                     ("b", 0.2, 0.0, 0.2, True, 0.0)]]
     none = state_members(rows)
     assert [m["advantage"] for m in none.members] == [0.25, -0.25]
     assert (none.episode_groups, none.zero_std_groups, none.skipped_rows) == (2, 1, 1)
     group = state_members(rows, "group")
     assert [m["advantage"] for m in group.members] == [pytest.approx(0.25 / 0.5001), pytest.approx(-0.25 / 0.5001)]
+    # Against the group's lowest score (enumerated actions): nothing is pushed down, the flat state still skipped.
+    lowest = state_members(rows, baseline="min")
+    assert [m["advantage"] for m in lowest.members] == [0.5, 0.0] and lowest.skipped_rows == 1
+
+
+def test_the_min_baseline_keeps_a_goal_blind_policy_spread_where_the_mean_collapses_it():
+    """Every action of a page enumerated at each state, the policy blind to the goal (one set of logits).
+    Goal 2 has two right actions, so its group mean is higher: against the mean, the summed push drives the
+    actions that are wrong most often to probability 0 and never stops (-mean x sum of log pi over all actions);
+    against the group's lowest score it is a likelihood of the right actions, maximised by a spread policy."""
+    torch = pytest.importorskip("torch")
+
+    right = {"1": {"tab1"}, "2": {"tab2", "tablist"}, "3": {"tab3"}}
+    actions = ["tablist", "tab1", "tab2", "tab3"]
+    goals = ["1", "2", "2", "3"]  # goal 2 drawn more often, as in a short run
+
+    from halo_train.grpo import state_members
+
+    rows = []
+    for i, g in enumerate(goals):  # the state_groups rows of each state: score, group mean/std/min, score - mean
+        scores = [1.0 if a in right[g] else 0.0 for a in actions]
+        mean = sum(scores) / len(scores)
+        rows += [dict(level="state", group_key=f"s{i}", policy_version="0", completion=a, reward=x, group_std=0.5,
+                      group_min=min(scores), zero_std=False, advantage=x - mean, logprob_sum=None)
+                 for a, x in zip(actions, scores)]
+
+    def train(baseline: str) -> list[float]:
+        members = state_members(rows, baseline=baseline).members
+        index = torch.tensor([actions.index(m["completion"]) for m in members])
+        advantage = torch.tensor([m["advantage"] for m in members])
+        logits = torch.zeros(len(actions), requires_grad=True)
+        opt = torch.optim.Adam([logits], lr=0.1)
+        for _ in range(300):
+            loss = -(advantage * torch.log_softmax(logits, 0)[index]).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return torch.softmax(logits, 0).tolist()
+
+    mean, lowest = train("mean"), train("min")
+    assert mean[actions.index("tab1")] < 0.01 and mean[actions.index("tab3")] < 0.01
+    assert min(lowest) > 0.1  # every right action keeps its share: room for the goal to decide
 
 
 # ---------------------------------------------------------------------- online
@@ -208,9 +252,49 @@ def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, t
     assert run == {"source_view": "state_groups", "status": "finished"}
 
 
+@pytest.mark.browser
+@pytest.mark.slow
+def test_covering_the_choices_groups_each_offered_action_once_per_state(tiny, tmp_path):
+    import re
+
+    from halo_train.online import OnlineConfig, run_online
+
+    cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=8,
+                       cover_choices=True, constrain_actions=True, observation="elements", group_size=1,
+                       seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
+                       lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
+                       serve=True)
+    lines: list[str] = []
+    summary = run_online(cfg, echo=lines.append)
+    cands = query(cfg.lake, "select episode_id, step_idx, candidate_idx, action, model_output, score, logprob_sum, prompt "
+                            "from candidates order by episode_id, step_idx, candidate_idx")
+    steps = query(cfg.lake, "select episode_id, step_idx, action, prompt from steps where run_id = 'online-k0'")
+    grouped = 0
+    for s in steps:
+        page = json.loads(s["prompt"])[-1]["content"]
+        offered = {f"click('{bid}')" for bid in re.findall(r"^\[([^\]]+)\] ", page, flags=re.M)}
+        actions = [c["action"] for c in cands if (c["episode_id"], c["step_idx"]) == (s["episode_id"], s["step_idx"])]
+        if len(offered) == 1:  # a page with one action (click-test) has nothing to compare it with: no group
+            assert actions == []
+            continue
+        grouped += 1
+        # The step's own draw first, then every other action the page offers, each once, with its logprob.
+        assert actions[0] == s["action"] and len(set(actions)) == len(actions)
+        assert set(actions) == offered if len(offered) <= 8 else (len(actions) == 8 and set(actions) <= offered)
+    assert grouped >= 2 and all(c["logprob_sum"] is not None and c["logprob_sum"] < 0 for c in cands)
+    # Every offered action was scored, so a page with one right element always has a spread to learn from.
+    it = summary.iterations[0]
+    assert it["update"] == "trained" and it["metrics"]["trainable_groups"] >= 1, lines
+    assert query(cfg.lake, "select status from runs where run_id = 'online'") == [{"status": "finished"}]
+
+
 @pytest.mark.parametrize("args, message", [
     (["online-grpo", "--serve", "--group-by", "state", "--candidates-per-state", "1"],
      "Error: --candidates-per-state must be at least 2, got 1"),
+    (["grpo", "--state-baseline", "min"],
+     "Error: --state-baseline min compares the candidates of a state: add --group-by state"),
+    (["online-grpo", "--serve", "--cover-choices", "--constrain-actions"],
+     "Error: --cover-choices makes each state's group of the page's choices: add --group-by state and --constrain-actions"),
     (["grpo", "--group-by", "state", "--view", "grpo_groups"],
      "Error: grpo reads the state_groups view (its group columns) with --group-by state; got --view grpo_groups: "
      "pass --group-by episode instead"),

@@ -24,6 +24,12 @@ every answer parses, so what is left to learn is which element to act on.
 choice, ``# 'Tab #2'\nclick('21')``: the answer (``model_output``) carries the label, the step's action is the
 canonical call (``click('21')``), and a choice's sequence log-probability includes the label's words.
 
+``cover_choices=True`` (with ``constrain_actions``) makes ``last_samples`` a group of distinct actions
+instead of ``n`` draws: the sampled action first, then the page's other choices, each forced through a
+one-choice request so its log-probability is the engine's own (the ``n - 1`` most likely of them when the
+page offers more). Scored from the same state, every offered action is then compared with every other,
+instead of the few the policy happened to draw again and again.
+
 Each call asks for ``n`` samples: the first is the action, all of them are in
 ``last_samples`` (for the ``candidates`` table). 429s, 5xx, timeouts and
 connection failures are retried with exponential backoff; what still fails comes
@@ -138,6 +144,7 @@ class OpenAIPolicy:
         seed: int | None = None,
         constrain_actions: bool = False,
         choice_labels: bool = False,
+        cover_choices: bool = False,
         **_ignored: Any,
     ) -> None:
         import openai
@@ -187,6 +194,11 @@ class OpenAIPolicy:
         if choice_labels and not constrain_actions:
             raise PolicyConfigError("choice_labels labels the choices of constrained decoding: set constrain_actions too")
         self.choice_labels = choice_labels
+        if not isinstance(cover_choices, bool):
+            raise PolicyConfigError(f"cover_choices must be true or false, got {cover_choices!r}")
+        if cover_choices and not constrain_actions:
+            raise PolicyConfigError("cover_choices covers the choices of constrained decoding: set constrain_actions too")
+        self.cover_choices = cover_choices
         self._dropped_params: set[str] = set()
         self._slot = _concurrency_slot(self.base_url, self.max_concurrent)
         # Retries are ours (counted, with our backoff), so the client's own are off.
@@ -221,6 +233,7 @@ class OpenAIPolicy:
             "max_concurrent": self.max_concurrent,
             "constrain_actions": self.constrain_actions,
             "choice_labels": self.choice_labels,
+            "cover_choices": self.cover_choices,
         }
 
     # ------------------------------------------------------------------ policy protocol
@@ -235,13 +248,28 @@ class OpenAIPolicy:
         except (KeyError, OSError, ValueError) as e:
             return PolicyOutput(model_output=None, action=None, api_error=self._scrub(f"cannot build the request: {e}"),
                                 latency_ms=_ms(started))
+        choices = page_actions(obs.elements, labels=self.choice_labels) if self.constrain_actions else None
+        covering = self.cover_choices and self.n > 1 and choices is not None
         try:
-            choices = page_actions(obs.elements, labels=self.choice_labels) if self.constrain_actions else None
-            response = self._complete(messages, obs.step_idx, choices)
+            response = self._complete(messages, obs.step_idx, choices, n=1 if covering else self.n)
         except PolicyAPIError as e:
             self.last_samples = []
             return PolicyOutput(model_output=None, action=None, api_error=str(e), latency_ms=_ms(started))
-        latency = _ms(started)
+        samples = self._samples(response, obs, _ms(started))
+        if not samples:
+            self.last_samples = []
+            return PolicyOutput(model_output=None, action=None, api_error="the endpoint returned no choices", latency_ms=_ms(started))
+        if covering:
+            try:
+                samples = self._cover(messages, obs, choices, samples[0], started)
+            except PolicyAPIError as e:  # the action was drawn; only its group is lost
+                log.warning("cannot score the other choices of step %d: %s", obs.step_idx, e)
+                samples = samples[:1]
+        self.last_samples = samples
+        return samples[0]
+
+    def _samples(self, response: Any, obs: Observation, latency: float) -> list[PolicyOutput]:
+        """One PolicyOutput per choice of ``response``; the call's cost on the first."""
         usage = getattr(response, "usage", None)
         prompt_tokens, completion_tokens = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
         cost = estimate_cost(self.request_model, prompt_tokens, completion_tokens)
@@ -266,11 +294,32 @@ class OpenAIPolicy:
                     logprob_sum=float(sum(token_logprobs)) if token_logprobs else None,
                 )
             )
-        if not samples:
-            self.last_samples = []
-            return PolicyOutput(model_output=None, action=None, api_error="the endpoint returned no choices", latency_ms=latency)
-        self.last_samples = samples
-        return samples[0]
+        return samples
+
+    def _cover(self, messages: list[dict[str, Any]], obs: Observation, choices: list[str], action: PolicyOutput,
+               started: float) -> list[PolicyOutput]:
+        """``action`` and the page's other choices, each forced by a one-choice request (in parallel, within
+        ``max_concurrent``), the most likely first, ``n`` in all. The action's sample carries every call's cost
+        and the whole latency."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        others = [c for c in choices if c != action.model_output]
+        if not others:  # a page with one action: nothing to compare it with
+            return [action]
+
+        def forced(choice: str) -> PolicyOutput:
+            response = self._complete(messages, obs.step_idx, [choice], n=1)
+            got = self._samples(response, obs, 0.0)
+            if not got:
+                raise PolicyAPIError("the endpoint returned no choices")
+            return got[0]
+
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(others))) as pool:
+            scored = list(pool.map(forced, others))
+        ranked = sorted(scored, key=lambda s: (s.logprob_sum is None, -(s.logprob_sum or 0.0)))[: self.n - 1]
+        cost = sum(s.cost_usd or 0.0 for s in [action, *scored]) if action.cost_usd is not None else None
+        first = dataclasses.replace(action, latency_ms=_ms(started), cost_usd=cost)
+        return [first, *(dataclasses.replace(s, cost_usd=0.0, latency_ms=0.0) for s in ranked)]
 
     def chat(self, messages: list[dict[str, Any]], step_idx: int = 0) -> ChatAnswer:
         """One completion of ``messages`` (text only) with this policy's endpoint, retries and settings.
@@ -325,13 +374,14 @@ class OpenAIPolicy:
             return action, error
         return parse_for_observation(text, obs, allow_coordinates=True, viewport=viewport)
 
-    def _params(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None) -> dict[str, Any]:
+    def _params(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None, n: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.request_model, "messages": messages, "temperature": self.temperature}
         if choices is not None:
             # vLLM's structured outputs (HALO's chat server too): the answer is one of the page's actions.
             params["extra_body"] = {"structured_outputs": {"choice": choices}}
-        if self.n > 1:
-            params["n"] = self.n
+        n = self.n if n is None else n
+        if n > 1:
+            params["n"] = n
         if self.top_p is not None:
             params["top_p"] = self.top_p
         if "max_tokens" in self._dropped_params:
@@ -346,13 +396,13 @@ class OpenAIPolicy:
             params["seed"] = int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
         return params
 
-    def _complete(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None):
+    def _complete(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None, n: int | None = None):
         import openai
 
         self.last_retries = 0
         attempt = 0
         while True:
-            params = self._params(messages, step_idx, choices)
+            params = self._params(messages, step_idx, choices, n)
             try:
                 with self._slot:
                     return self._client.chat.completions.create(**params)

@@ -1,4 +1,4 @@
--- state_groups: one row per scored candidate in a per-state group: the actions sampled in one policy call at one visited state (run_id, episode_id, step_idx, state_hash, policy_version), each executed from that state restored by replay and scored with the dense reward (candidates.score). advantage = score - group_mean (Dr. GRPO, unscaled; exactly 0 in a zero-std group). A state that did not reproduce (any candidate with score_source 'unreproducible' or no score) is left out whole.
+-- state_groups: one row per scored candidate in a per-state group: the actions sampled in one policy call at one visited state (run_id, episode_id, step_idx, state_hash, policy_version), each executed from that state restored by replay and scored with the dense reward (candidates.score). advantage = score - group_mean (Dr. GRPO, unscaled; exactly 0 in a zero-std group); group_min is the group's lowest score (the baseline of groups that enumerate a page's actions instead of sampling them). A state that did not reproduce (any candidate with score_source 'unreproducible' or no score) is left out whole.
 
 -- Groups are computed on keys and scores only; the candidates' text joins once, at the end.
 WITH keyed AS (
@@ -23,6 +23,7 @@ state_stats AS (
         version,
         sorted_avg(score) AS group_mean,
         coalesce(sorted_stddev_samp(score), 0) AS group_std,
+        min(score) AS group_min,
         count(*) AS group_size,
         (max(score) - min(score)) <= 1e-9 AS zero_std
     FROM keyed
@@ -50,6 +51,7 @@ SELECT
     c.score_source,
     g.group_mean,
     g.group_std,
+    g.group_min,
     g.group_size,
     g.zero_std,
     CASE WHEN g.zero_std THEN 0.0 ELSE c.score - g.group_mean END AS advantage
