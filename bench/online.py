@@ -6,7 +6,8 @@
         --warmup-seeds 16 --replay-iterations 3 --max-staleness 3 --lr 1e-3 --eval-seeds 20 --eval-attempts 2
 
 Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
-1. warm-up data: the random policy on ``--warmup-seeds`` task seeds (from 50000 on) of the task;
+1. warm-up data: the random policy, ``--warmup-attempts`` times on each of ``--warmup-seeds`` task seeds (from
+   50000 on) of the task;
 2. the tiny model, fine-tuned on every valid step of those episodes (``--warmup-top-percent
    100``: the action format and page ids, not which element is right);
 3. ``run_online`` from it: iteration k samples ``--group-size`` attempts on each of
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--warmup-seeds", type=int, default=8)
+    ap.add_argument("--warmup-attempts", type=int, default=8, help="The random policy's attempts per warm-up task seed.")
     ap.add_argument("--warmup-steps", type=int, default=60)
     ap.add_argument("--warmup-top-percent", type=float, default=100.0,
                     help="bc_rows' cut for the warm-up SFT (100: every valid random step, a format-only warm start).")
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="halo-online-"))
     lake = str(work / "lake")
     for seed in range(WARMUP_SEED_START, WARMUP_SEED_START + a.warmup_seeds):
-        run_rollouts(RolloutConfig(env="miniwob", tasks=[a.task], rollouts_per_task=a.group_size, policy="random", observation=a.observation,
+        run_rollouts(RolloutConfig(env="miniwob", tasks=[a.task], rollouts_per_task=a.warmup_attempts, policy="random", observation=a.observation,
                                    max_steps=a.max_episode_steps, task_seed=seed, seed=seed, lake=lake,
                                    run_id=f"warmup-s{seed}", resume=True, progress=False))
     model = work / "tiny"

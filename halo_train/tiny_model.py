@@ -53,9 +53,10 @@ _UI_WORDS = ("submit", "okay", "ok", "yes", "no", "cancel", "next", "previous", 
 _WORDS = ("Submit", "Cancel", "Search", "Home", "Next", "Previous", "Login", "Email", "Password", "Name", "OK", "Yes", "No")
 
 
-# GPT-2's pre-tokenizer pattern with one alternative first: '#' and the number after it (a tab's or an item's
-# number) are one piece, so a label's distinguishing part is one token, as a button's word is.
-_NUMBERED_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?#\p{N}+| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Qwen2's pre-tokenizer pattern: the tokenizer is trained with the pipeline Qwen2Tokenizer rebuilds when
+# AutoTokenizer loads a qwen2 checkpoint (NFC, this split, byte level), so the merges it learns are the ones
+# every later load applies. Digits are single pieces, as in Qwen: an id '19' is '1' '9', 'Tab #2' is 'Tab', ' #', '2'.
+_QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def _corpus(ui_words: bool = False) -> Iterator[str]:
@@ -63,10 +64,7 @@ def _corpus(ui_words: bool = False) -> Iterator[str]:
     if ui_words:
         for k in range(40):
             yield "\n".join(f'[{k + j}] button \'{w}\' Click on the "{w}" button. Tab #{j % 4}' for j, w in enumerate(_UI_WORDS))
-        # Element ids as whole tokens ([19] is '19', not '1' '9'): a digit the goal names (Tab #1) is then
-        # not also spelled by every id on the page.
         for _ in range(4):
-            yield "\n".join(f"[{i}] link click('{i}')" for i in range(10, 200))
             yield "\n".join(f"Click on Tab #{n}. [{n + 20}] tab 'Tab #{n}'" for n in range(1, 10))
     yield prompts.SYSTEM_PROMPT
     yield prompts.SYSTEM_PROMPT_SCREENSHOT
@@ -92,19 +90,18 @@ def _corpus(ui_words: bool = False) -> Iterator[str]:
 def build_tokenizer(
     vocab_size: int = VOCAB_SIZE, special_tokens: tuple[str, ...] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE
 ):
-    """A byte-level BPE tokenizer with Qwen's special tokens and chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE tokenizer with Qwen's special tokens, chat template and pre-tokenizer (so a saved and
+    reloaded tokenizer splits text exactly as this one does); above 512 entries, MiniWoB's words are whole tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     ui_words = vocab_size > VOCAB_SIZE
-    if ui_words:  # GPT-2's pre-tokenizer, except that a number after '#' stays with it: 'Tab #2' is 'Tab', ' #2'
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_NUMBERED_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    else:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -173,12 +170,17 @@ def build_tiny_model(
     tokenizer = build_tokenizer(vocab_size)
     model = build_model(tokenizer, seed=seed, hidden_size=hidden_size, layers=layers)
     warmup: dict = {"steps": 0}
-    if warmup_lake is not None:
-        view_params = {} if top_percent is None else {"top_percent": float(top_percent)}
-        warmup = _warm_up(model, tokenizer, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where,
-                          batch_size=batch_size, view_params=view_params)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if warmup_lake is not None:
+        from transformers import AutoTokenizer
+
+        # Warm up with the tokenizer as every later job loads it (AutoTokenizer on the saved folder).
+        loaded = AutoTokenizer.from_pretrained(out)
+        view_params = {} if top_percent is None else {"top_percent": float(top_percent)}
+        warmup = _warm_up(model, loaded, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where,
+                          batch_size=batch_size, view_params=view_params)
+        model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     (out / "halo_tiny_model.json").write_text(
         json.dumps({"kind": "halo-tiny-model", "vocab_size": len(tokenizer), "warmup": warmup}, indent=2)

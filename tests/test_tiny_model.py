@@ -59,14 +59,17 @@ def test_warmed_up_model_answers_with_actions(tmp_path):
         assert ACTION.match(answer), answer
 
 
-def test_a_larger_vocabulary_spells_ids_words_and_numbered_labels_as_whole_tokens():
-    """What a goal names and the page shows is one token each (so copying it is one step): ids, words, '#2'."""
-    from halo_train.tiny_model import build_tokenizer
+@pytest.mark.parametrize("vocab_size", [512, 1024])
+def test_the_saved_tokenizer_splits_text_as_every_job_loads_it(tmp_path, vocab_size):
+    """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which rebuilds Qwen's pre-tokenizer: the built
+    tokenizer uses the same one, so the warm-up, the trainer and the chat server see the same token ids."""
+    from transformers import AutoTokenizer
 
-    tok = build_tokenizer(1024)
-    pieces = [tok.decode([i]) for i in tok("Goal: Click on Tab #2.\n[19] link 'Tab #2' click('145') 'okay'")["input_ids"]]
-    assert pieces == ["Goal", ":", " Click", " on", " Tab", " #2", ".", "\n", "[", "19", "]", " link", " '", "Tab", " #2", "'",
-                      " click", "('", "145", "')", " '", "okay", "'"]
-    assert tok.decode(tok("x #12 y")["input_ids"]) == "x #12 y"  # still byte-level: every text round-trips
-    small = build_tokenizer()
-    assert " #2" not in [small.decode([i]) for i in small("Tab #2")["input_ids"]]  # the default vocabulary is as it was
+    built = build_tokenizer(vocab_size)
+    loaded = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", vocab_size=vocab_size))
+    for text in ["Goal: Click on Tab #2.\n[19] link 'Tab #2'", "# 'Tab #1'\nclick('145')", "fill('3', 'hello wörld')  okay"]:
+        assert built(text)["input_ids"] == loaded(text)["input_ids"], text
+        assert loaded.decode(loaded(text)["input_ids"]) == text
+    if vocab_size > 512:  # MiniWoB's words are whole tokens; digits are single, as in Qwen
+        pieces = [loaded.decode([i]) for i in loaded("Click on Tab #2. 'okay' [19]")["input_ids"]]
+        assert pieces == ["Click", " on", " Tab", " #", "2", ".", " '", "okay", "'", " [", "1", "9", "]"]
