@@ -4,6 +4,9 @@
     .venv/bin/python -m bench online --task click-button --hidden-size 128 --layers 3 --lr 1e-3
     .venv/bin/python -m bench online --task click-button --choice-labels --seeds-per-iteration 8 --group-size 4 \
         --warmup-seeds 16 --replay-iterations 3 --max-staleness 3 --lr 1e-3 --eval-seeds 20 --eval-attempts 2
+    .venv/bin/python -m bench online --task click-tab --choice-labels --group-by state --cover-choices \
+        --candidates-per-state 8 --group-size 1 --seeds-per-iteration 16 --warmup-seeds 8 --replay-iterations 2 \
+        --max-staleness 2 --lr 5e-3 --batch-size 32 --eval-seeds 20 --eval-attempts 2
 
 Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 1. warm-up data: the random policy, ``--warmup-attempts`` times on each of ``--warmup-seeds`` task seeds (from
@@ -18,7 +21,9 @@ Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
    ``--eval-every`` iterations: the curve.
 
 With ``--choice-labels`` every choice names its element first (``# 'Tab #2'`` then ``click('21')``)
-and step 2 imitates the same random steps written that way (``labelled_warm_start``).
+and step 2 imitates the same random steps written that way (``labelled_warm_start``). With ``--group-by state
+--cover-choices`` each visited state's group is every action the page offers, scored from the restored state
+(the last command above: bench/README.md's "Covered choices").
 
 The figures are printed and written to bench/results/online-<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
@@ -74,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replay-iterations", type=int, default=1, help="Iterations' groups each update reads (this one included).")
     ap.add_argument("--max-staleness", type=int, default=1, help="Rows at most this many versions older than the updated weights.")
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the base model.")
+    ap.add_argument("--seed", type=int, default=0, help="The loop's sampling and update seed (the start model and held-out seeds stay).")
+    ap.add_argument("--train-seed-start", type=int, default=0, help="First train task seed (iteration k: + k x --seeds-per-iteration).")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-seeds", type=int, default=10)
     ap.add_argument("--eval-attempts", type=int, default=4)
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
         cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
         reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, batch_size=a.batch_size,
-        eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, lake=lake, output_dir=str(work / "out"),
+        eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
     )
     with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
