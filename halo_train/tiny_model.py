@@ -53,12 +53,6 @@ _UI_WORDS = ("submit", "okay", "ok", "yes", "no", "cancel", "next", "previous", 
 _WORDS = ("Submit", "Cancel", "Search", "Home", "Next", "Previous", "Login", "Email", "Password", "Name", "OK", "Yes", "No")
 
 
-# Qwen2's pre-tokenizer pattern: the tokenizer is trained with the pipeline Qwen2Tokenizer rebuilds when
-# AutoTokenizer loads a qwen2 checkpoint (NFC, this split, byte level), so the merges it learns are the ones
-# every later load applies. Digits are single pieces, as in Qwen: an id '19' is '1' '9', 'Tab #2' is 'Tab', ' #', '2'.
-_QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-
-
 def _corpus(ui_words: bool = False) -> Iterator[str]:
     """Text the tokenizer should compress well: the renderer's prompts and action strings (and page words)."""
     if ui_words:
@@ -94,12 +88,16 @@ def build_tokenizer(
     reloaded tokenizer splits text exactly as this one does); above 512 entries, MiniWoB's words are whole tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    # The pipeline Qwen2Tokenizer rebuilds when AutoTokenizer loads a qwen2 checkpoint (NFC, Qwen's split, byte
+    # level): trained with it, the merges are the ones every later load applies. Digits are single pieces, as in
+    # Qwen: an id '19' is '1' '9', 'Tab #2' is 'Tab', ' #', '2'.
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
     ui_words = vocab_size > VOCAB_SIZE
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -170,7 +168,7 @@ def build_tiny_model(
     tokenizer = build_tokenizer(vocab_size)
     model = build_model(tokenizer, seed=seed, hidden_size=hidden_size, layers=layers)
     warmup: dict = {"steps": 0}
-    model.save_pretrained(out)
+    model.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if warmup_lake is not None:
         from transformers import AutoTokenizer
@@ -180,7 +178,7 @@ def build_tiny_model(
         view_params = {} if top_percent is None else {"top_percent": float(top_percent)}
         warmup = _warm_up(model, loaded, str(warmup_lake), steps=steps, seed=seed, lr=lr, where=where,
                           batch_size=batch_size, view_params=view_params)
-        model.save_pretrained(out)
+    model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     (out / "halo_tiny_model.json").write_text(
         json.dumps({"kind": "halo-tiny-model", "vocab_size": len(tokenizer), "warmup": warmup}, indent=2)
