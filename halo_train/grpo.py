@@ -44,6 +44,11 @@ gives its members an advantage of exactly 0. Such episode groups are counted
 (``frac_reward_zero_std``, the fraction of episode groups with zero reward std)
 and their rows skipped where the row's advantage is 0 — a row whose anchor-state
 group does have spread (omega > 0) keeps its A_step and is trained on.
+Without a KL term (``--beta 0``), any other row whose advantage is exactly 0 (a
+state group's lowest under ``--state-baseline min``, a score equal to its group's
+mean) is left out of the batches too (``zero_advantage_rows`` in
+training_stats.json): it adds nothing to the gradient and would only take the slot
+of a row that does. Under the min baseline most covered candidates are such rows.
 
 Loss. Without stored behaviour logprobs this is REINFORCE with the group mean as
 baseline: loss = -A * log pi(completion | prompt). Where ``logprob_sum`` (the
@@ -478,6 +483,16 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         summary.episode_groups, cfg.group_by, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
         summary.skipped_rows, summary.stale_rows, len(summary.members),
     )
+    zero_advantage = 0
+    if cfg.beta == 0:
+        # A row whose advantage is exactly 0 (the group's lowest under --state-baseline min, a score equal to its
+        # group's mean) adds nothing to the policy gradient, and without a KL term nothing to the loss: it would
+        # only take a batch slot from a row that teaches something.
+        kept = [m for m in summary.members if m["advantage"] != 0]
+        zero_advantage = len(summary.members) - len(kept)
+        summary.members = kept
+        if zero_advantage:
+            log.info("%d rows with advantage 0 left out of the batches (no gradient without --beta)", zero_advantage)
     if not summary.members:
         raise NoTrainingSignalError(
             f"no GRPO rows with a reward signal: all {summary.episode_groups} {'state ' if by_state else ''}group(s) have zero reward std"
@@ -510,6 +525,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         "zero_std_groups": summary.zero_std_groups,
         "frac_reward_zero_std": summary.frac_reward_zero_std,
         "skipped_rows": summary.skipped_rows,
+        "zero_advantage_rows": zero_advantage,
         "stale_rows": summary.stale_rows,
         "start_policy_version": summary.policy_version,
         "rows_with_behaviour_logprobs": sum(1 for r in encoded if r["logprob_sum"] is not None),

@@ -113,6 +113,26 @@ def test_grpo_group_by_state_trains_on_the_fresh_state_groups(candidates_lake, u
     assert {"loss", "importance_ratio_mean", "clip_ratio"} <= metrics
 
 
+@pytest.mark.parametrize("extra, rows, zero_rows", [
+    ([], 2, 2),                   # s0 [1, 0, .5, .5] against its mean .5: the two .5 rows carry no gradient
+    (["--beta", "0.1"], 4, 0),    # with a KL term every row of a spread state still counts
+])
+def test_rows_with_advantage_zero_take_no_batch_slot_without_a_kl_term(candidates_lake, untrained_tiny, tmp_path, extra,
+                                                                       rows, zero_rows):
+    from click.testing import CliRunner
+
+    from halo_train.cli import main
+
+    out = tmp_path / "grpo"
+    result = CliRunner().invoke(main, [
+        "grpo", "--group-by", "state", "--lake", candidates_lake, "--base-model", untrained_tiny, "--output-dir", str(out),
+        "--where", "episode_id = 'e1'", "--max-steps", "1", "--run-id", "grpo-zero", *extra])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "final" / "training_stats.json").read_text())
+    # s1 is flat (3 rows skipped); of s0's 4 rows, those at the mean are left out unless --beta needs them.
+    assert (stats["skipped_rows"], stats["zero_advantage_rows"], stats["rows"]) == (3, zero_rows, rows)
+
+
 def test_grpo_group_by_state_without_signal_says_what_to_collect(candidates_lake, untrained_tiny, tmp_path):
     from click.testing import CliRunner
 
