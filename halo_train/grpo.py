@@ -478,11 +478,6 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         summary = state_members(rows, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness, cfg.state_baseline)
     else:
         summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
-    log.info(
-        "%d %s groups, %d with zero reward std (%.0f%%): %d rows skipped, %d stale rows dropped, %d rows kept",
-        summary.episode_groups, cfg.group_by, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
-        summary.skipped_rows, summary.stale_rows, len(summary.members),
-    )
     zero_advantage = 0
     if cfg.beta == 0:
         # A row whose advantage is exactly 0 (the group's lowest under --state-baseline min, a score equal to its
@@ -491,8 +486,12 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         kept = [m for m in summary.members if m["advantage"] != 0]
         zero_advantage = len(summary.members) - len(kept)
         summary.members = kept
-        if zero_advantage:
-            log.info("%d rows with advantage 0 left out of the batches (no gradient without --beta)", zero_advantage)
+    log.info(
+        "%d %s groups, %d with zero reward std (%.0f%%): %d rows skipped, %d with advantage 0 left out, "
+        "%d stale rows dropped, %d rows kept",
+        summary.episode_groups, cfg.group_by, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
+        summary.skipped_rows, zero_advantage, summary.stale_rows, len(summary.members),
+    )
     if not summary.members:
         raise NoTrainingSignalError(
             f"no GRPO rows with a reward signal: all {summary.episode_groups} {'state ' if by_state else ''}group(s) have zero reward std"
