@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=16, help="Rows per optimizer step of an update.")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (scale = alpha / r).")
     ap.add_argument("--warmup-seeds", type=int, default=8)
     ap.add_argument("--warmup-attempts", type=int, default=8, help="The random policy's attempts per warm-up task seed.")
     ap.add_argument("--warmup-steps", type=int, default=60)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
         choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
         cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
-        reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, batch_size=a.batch_size,
+        reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, lora_alpha=a.lora_alpha, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
     )

@@ -93,6 +93,7 @@ class ServedLoopConfig:
     vllm_args: str = _field("", "More `vllm serve` options for --serve with vLLM, e.g. \"--max-model-len 8192 --gpu-memory-utilization 0.8\".")
     train_steps: int = _field(2, "Optimizer steps per update.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
+    lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per optimizer step.")
     temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
     max_tokens: int = _field(64, "Most tokens an action may take.")
@@ -506,7 +507,8 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
                 run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
                 state_baseline="min" if cfg.cover_choices else "mean",
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
-                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, batch_size=cfg.batch_size, seed=cfg.seed + version,
+                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, batch_size=cfg.batch_size,
+                seed=cfg.seed + version,
                 params=_view_weights(cfg),
                 beta=cfg.beta,
             ))
