@@ -241,6 +241,43 @@ def test_grpo_health_fractions_and_stall_warning(monkeypatch, fixture_lake):
     assert "Anchor-state groups (2+ members)" in {m.label for m in at.metric}
 
 
+def test_grpo_health_reads_per_state_groups_where_a_run_sampled_candidates(monkeypatch, tmp_path):
+    """One attempt per task seed (--group-by state --group-size 1): the episode groups are zero-std by construction,
+    so no stall warning from them; the page reads the candidates' per-state groups instead."""
+    from halo_data import ids
+
+    lake = Lake.init(str(tmp_path / "lake"))
+    shots = [Screenshot.from_bytes(make_png(k)) for k in range(STEPS_PER_EPISODE + 1)]
+    task = "miniwob.click-button"
+    with EpisodeWriter(lake, flush_episodes=100) as writer:
+        for version in ("0", "1"):
+            for seed in (1, 2):
+                episode = {"run_id": f"online-k{version}", "env": "miniwob", "task_id": task, "policy_version": version,
+                           "attempt_idx": 0, "task_seed": seed, "success": seed == 1, "started_at": T0}
+                writer.write_episode(episode, _steps("online", task, 0, "ok" if seed == 1 else "fail", shots), shots)
+    # version 0: a state whose candidates differ (trainable), one whose candidates tie (flat), one that did not
+    # reproduce; version 1: two flat states (frac 1.0).
+    states = [("0", "a", (1.0, 0.0), "env"), ("0", "b", (0.0, 0.0), "env"), ("0", "c", (None, None), "unreproducible"),
+              ("1", "d", (1.0, 1.0), "env"), ("1", "e", (0.0, 0.0), "env")]
+    append_rows(lake, "candidates", [
+        dict(run_id=f"online-k{v}", env="miniwob", episode_id=ids.episode_id(f"online-k{v}", task, 1, 0), task_id=task,
+             step_idx=0, state_hash=h, candidate_idx=i, prompt="[]", prompt_hash=h, model_output=f"click('{i}')",
+             action=f"click('{i}')", score=score, score_source=source, policy_version=v)
+        for v, h, scores, source in states for i, score in enumerate(scores)
+    ])
+    at = open_app(monkeypatch, lake.root, "grpo")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Groups of one attempt"] == metrics["Groups"] == "4"
+    assert (metrics["State groups"], metrics["Trainable state groups"], metrics["Unreproducible states"]) == ("4", "1", "1")
+    assert metrics["frac_reward_zero_std (state groups)"] == "75.0%"
+    assert not any("learning stalls" in w.value for w in at.warning)
+    assert [w.value[:4] for w in at.warning] == ["75% "] and "per-state groups" in at.info[0].value
+    per_version = {r["policy_version"]: r for r in at.dataframe[2].value.to_dict("records")}
+    assert (per_version["0"]["n_state_groups"], per_version["0"]["n_trainable_state_groups"],
+            per_version["0"]["frac_reward_zero_std"], per_version["0"]["n_unreproducible_states"]) == (2, 1, 0.5, 1)
+    assert (per_version["1"]["n_state_groups"], per_version["1"]["frac_reward_zero_std"]) == (2, 1.0)
+
+
 def _choose_episode(at: AppTest, run: str, task: str, attempt: int) -> AppTest:
     at.selectbox(key="replay_run").select(run).run()
     at.selectbox(key="replay_task").select(task).run()
