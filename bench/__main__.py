@@ -4,6 +4,7 @@ import sys
 # python -m bench NAME [options]: one measurement each; no name runs the lake's speed and memory suite (bench/run.py).
 COMMANDS = {
     "online": ("bench.online", "online GRPO: held-out success of start, random and final"),
+    "choice-probe": ("bench.choice_probe", "supervised on an online run's covered states: can the model learn the right choice"),
     "state-groups": ("bench.state_groups", "online GRPO by state vs by episode: trainable groups, seconds per iteration"),
     "online-pipeline": ("bench.online_pipeline", "online GRPO sequential vs --pipeline: seconds per iteration"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
