@@ -728,6 +728,8 @@ def _start_record(cfg: OnlineConfig, lake: Lake, run_id: str) -> tuple[RunRecord
         started_at=existing["started_at"] if existing else utc_now(), source_view=GRPO_GROUP_VIEWS[cfg.group_by],
     )
     upsert_runs(lake, [record])
+    if iterations:  # killed after recording the iteration and before writing its metrics: write them now
+        _write_metrics(lake, run_id, iterations[-1]["iteration"], iterations[-1]["metrics"])
     return record, iterations
 
 

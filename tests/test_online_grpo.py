@@ -162,6 +162,37 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     assert "iteration 1:" in done.stdout
 
 
+def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and_its_metrics(tmp_path, monkeypatch):
+    """record_iteration upserts the runs row, then appends the iteration's metrics; a kill between the two leaves
+    the iteration recorded (so --resume skips it) without its train_metrics rows, which the resume writes."""
+    from halo_data.lake import Lake
+    from halo_train import online
+    from halo_train.testing import small_online_config
+
+    cfg = small_online_config("base", tmp_path, engine_url="http://127.0.0.1:9/v1")
+    Path(cfg.output_dir).mkdir(parents=True)
+    lake = Lake.init(cfg.lake)
+    record, iterations = online._start_record(cfg, lake, "online")
+    it = {"iteration": 0, "metrics": {"rewards/mean": 0.25, "success_rate/train": 0.5}, "lineage": {"steps": 1},
+          "served_after": {"name": None, "version": 0, "path": None}}
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(online, "_write_metrics", killed)
+    with pytest.raises(KeyboardInterrupt):
+        online.record_iteration(lake, record, cfg, iterations, it, online.Served(None, 0))
+    monkeypatch.undo()
+    assert query(cfg.lake, "select count(*) n from train_metrics") == [{"n": 0}]
+
+    resumed = small_online_config("base", tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True)
+    for _ in range(2):  # a second resume writes nothing twice
+        _, recorded = online._start_record(resumed, lake, "online")
+        assert [r["iteration"] for r in recorded] == [0]
+        rows = query(cfg.lake, "select step, metric, value from train_metrics where run_id = 'online' order by metric")
+        assert rows == [{"step": 0, "metric": "rewards/mean", "value": 0.25}, {"step": 0, "metric": "success_rate/train", "value": 0.5}]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--engine-url", "http://127.0.0.1:9/v1", "--engine-wait", "0"], "Error: no engine answered at http://127.0.0.1:9/v1 within 0 s"),
     (["--serve", "--base-model", "/nonexistent/model"], "Error: base model folder /nonexistent/model does not exist"),
