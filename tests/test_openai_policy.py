@@ -142,7 +142,8 @@ def no_endpoint_env(monkeypatch):
 
 
 class FlakyProxy:
-    """Answers the first calls with scripted failures, then forwards to ``upstream``; records what it saw."""
+    """Answers the first calls with scripted failures (None: forward that call), then forwards to ``upstream``;
+    records what it saw."""
 
     def __init__(self, upstream: str, failures: list[tuple[int, str, dict]] = ()):
         self.upstream = upstream.rstrip("/")
@@ -158,7 +159,9 @@ class FlakyProxy:
                 proxy.calls += 1
                 proxy.authorization.append(self.headers.get("Authorization", ""))
                 proxy.bodies.append(json.loads(body))
-                if proxy.failures:
+                if proxy.failures and proxy.failures[0] is None:
+                    proxy.failures.pop(0)
+                elif proxy.failures:
                     status, message, headers = proxy.failures.pop(0)
                     payload = json.dumps({"error": {"message": message, "type": "error", "code": status}}).encode()
                     return reply(self, status, payload, "application/json", headers)
@@ -285,6 +288,20 @@ def test_retries_429_and_500_then_succeeds(server):
         out = policy.act(_observation())
     assert proxy.calls == 3 and policy.last_retries == 2
     assert out.api_error is None and out.action == "click('12')"
+
+
+def test_retries_count_every_request_of_a_covered_step(server):
+    """A covered step sends one draw, then a forced request per other choice (in parallel): the retries of the
+    forced ones count too, and the next act() starts from 0."""
+    failures = [None, (429, "Rate limit reached", {"retry-after": "0"}), (500, "upstream crashed", {})]
+    with FlakyProxy(server.url, failures) as proxy:
+        policy = OpenAIPolicy(model="tiny", base_url=proxy.url, max_retries=3, backoff_s=0.01, n=4,
+                              constrain_actions=True, cover_choices=True)
+        out = policy.act(_observation())
+        assert out.api_error is None and len(policy.last_samples) == len(ELEMENTS)
+        assert proxy.calls == len(ELEMENTS) + 2 and policy.last_retries == 2
+        policy.act(_observation())
+    assert policy.last_retries == 0
 
 
 def test_exhausted_retries_and_client_errors_are_api_errors(server):

@@ -209,7 +209,9 @@ class OpenAIPolicy:
             max_retries=0,
         )
         self.last_samples: list[PolicyOutput] = []
+        # Retries of the last act() or chat(), over all its requests (a covered step's forced ones included).
         self.last_retries = 0
+        self._retries_lock = threading.Lock()
 
     # ------------------------------------------------------------------ the run record
 
@@ -249,6 +251,7 @@ class OpenAIPolicy:
             return PolicyOutput(model_output=None, action=None, api_error=self._scrub(f"cannot build the request: {e}"),
                                 latency_ms=_ms(started))
         choices = page_actions(obs.elements, labels=self.choice_labels) if self.constrain_actions else None
+        self.last_retries = 0
         covering = self.cover_choices and self.n > 1 and choices is not None
         try:
             response = self._complete(messages, obs.step_idx, choices, n=1 if covering else self.n)
@@ -329,6 +332,7 @@ class OpenAIPolicy:
         from halo_data.prompts import text_only
 
         started = time.perf_counter()
+        self.last_retries = 0
         response = self._complete(text_only(messages), step_idx)
         usage = getattr(response, "usage", None)
         prompt_tokens, completion_tokens = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
@@ -399,7 +403,6 @@ class OpenAIPolicy:
     def _complete(self, messages: list[dict[str, Any]], step_idx: int, choices: list[str] | None = None, n: int | None = None):
         import openai
 
-        self.last_retries = 0
         attempt = 0
         while True:
             params = self._params(messages, step_idx, choices, n)
@@ -426,7 +429,8 @@ class OpenAIPolicy:
             except openai.OpenAIError as e:  # malformed responses and the like: not worth retrying
                 raise PolicyAPIError(self._describe(e, attempt)) from None
             attempt += 1
-            self.last_retries = attempt
+            with self._retries_lock:  # covered steps send their forced requests from several threads
+                self.last_retries += 1
             time.sleep(delay)
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
