@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-seeds", type=int, default=10)
     ap.add_argument("--eval-attempts", type=int, default=4)
+    ap.add_argument("--eval-temperature", type=float, help="Temperature of the held-out evaluations (default: the loop's, 1).")
+    ap.add_argument("--greedy-too", action="store_true",
+                    help="After the loop, evaluate the start model and the last version at temperature 0 as well (each step's most likely action).")
     ap.add_argument("--workdir", help="Where the lake, model and adapters go (default: a temporary folder).")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
         cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta,
         reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, lora_alpha=a.lora_alpha, batch_size=a.batch_size,
-        eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
+        eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, eval_temperature=a.eval_temperature, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
     )
     with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
@@ -137,10 +140,13 @@ def main(argv: list[str] | None = None) -> None:
         for it, seconds in zip(summary.iterations, iteration_seconds + [None] * len(summary.iterations))
     ]
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
+    greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
     result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": a.eval_seeds * a.eval_attempts,
-              "start": start, "random": random, "final": final, "curve": curve, "seconds": time.perf_counter() - t0}
+              "start": start, "random": random, "final": final, "greedy": greedy, "curve": curve, "seconds": time.perf_counter() - t0}
     print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts): "
           f"start {start:.0%}, random {random:.0%}, final {final if final is None else f'{final:.0%}'}")
+    if greedy:
+        print(f"{a.task}: at temperature 0: start {greedy['start']:.0%}, final (version {greedy['version']}) {greedy['final']:.0%}")
     print("iteration  version  train success  held-out  flat groups  updated")
     for c in curve:
         held = "" if c["heldout_success"] is None else f"{c['heldout_success']:.0%}"
@@ -150,6 +156,23 @@ def main(argv: list[str] | None = None) -> None:
     out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
+
+
+def greedy_start_and_final(cfg, summary) -> dict:
+    """Held-out success at temperature 0 of the start model and of the version the loop served last."""
+    import dataclasses
+
+    from halo_train.online import Served, evaluate, open_engine
+
+    greedy = dataclasses.replace(cfg, eval_temperature=0.0)
+    last = summary.iterations[-1]["served_after"] if summary.iterations else {"name": None, "version": 0, "path": None}
+    served = Served(last["name"], int(last["version"]), last["path"])
+    with open_engine(greedy, Path(cfg.output_dir)) as (engine, base_name):
+        start = evaluate(greedy, engine, base_name, Served(None, 0), "online")
+        if served.name:
+            engine.load_adapter(served.name, served.path)
+        final = evaluate(greedy, engine, base_name, served, "online")
+    return {"start": start, "final": final, "version": served.version}
 
 
 def labelled_warm_start(model: Path, lake: str, a: argparse.Namespace) -> None:

@@ -161,6 +161,7 @@ class OnlineConfig(ServedLoopConfig):
     eval_seeds: int = _field(2, "Held-out task seeds: eval_seed_start ... eval_seed_start + eval_seeds - 1.")
     eval_seed_start: int = _field(100_000, "First held-out task seed; must lie past every train seed.")
     eval_attempts: int = _field(2, "Attempts per held-out task seed.")
+    eval_temperature: float | None = _field(None, "Sampling temperature of the held-out evaluation (0: each step's most likely action; default: --temperature).")
     run_id: str | None = _field(None, "Run id of the online run (default: online-<UTC time>; --resume reads it from OUTPUT).")
     resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
     pipeline: bool = _field(False, "Overlap iteration k+1's rollout (sampled by the version still served) with iteration k's update (a spawned process); each update then trains on rows one version stale, so --max-staleness must be at least 1.")
@@ -183,6 +184,8 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError(f"--candidates-per-state must be at least 2, got {self.candidates_per_state}: a state's group of one has no spread to learn from")
         if self.eval_every < 0 or self.max_staleness < 0:
             raise OnlineError("--eval-every and --max-staleness must be 0 or more")
+        if self.eval_temperature is not None and not 0 <= self.eval_temperature <= 2:
+            raise OnlineError(f"--eval-temperature must lie in 0..2, got {self.eval_temperature}")
         train_seeds = range(self.train_seed_start, self.train_seed_start + self.iterations * self.seeds_per_iteration)
         eval_seeds = range(self.eval_seed_start, self.eval_seed_start + self.eval_seeds)
         if max(train_seeds.start, eval_seeds.start) < min(train_seeds.stop, eval_seeds.stop):
@@ -415,7 +418,8 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
         env=cfg.env, tasks=list(tasks or cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
         # --group-by state: the policy's one call at each state draws the candidates, scored from the restored state
         candidates_per_state=cfg.candidates_per_state if cfg.group_by == "state" and kind == "rollout" else 0,
-        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=task_seeds, max_steps=cfg.max_episode_steps,
+        temperature=eval_temperature(cfg) if kind == "eval" else cfg.temperature, seed=cfg.seed + task_seed,
+        task_seed=task_seed, task_seeds=task_seeds, max_steps=cfg.max_episode_steps,
         observation=cfg.observation, reward_config=cfg.reward_config,
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
         progress=cfg.progress, command="halo-train online-grpo",
@@ -431,10 +435,17 @@ def screenshot_options(cfg: OnlineConfig) -> dict[str, Any]:
     return {"use_screenshot": True, **({"coordinate_scale": cfg.coordinate_scale} if cfg.coordinate_scale else {})}
 
 
+def eval_temperature(cfg: OnlineConfig) -> float:
+    return cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature
+
+
 def evaluate(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: str, policy: str = "openai") -> float:
-    """Success rate of ``served`` (or the random policy) on the held-out task seeds; one eval run per seed."""
+    """Success rate of ``served`` (or the random policy) on the held-out task seeds; one eval run per seed, named
+    after the version (and the temperature, where it is not the sampling one)."""
     lake = Lake.open(cfg.lake)
     label = f"v{served.version}" if policy == "openai" else policy
+    if policy == "openai" and eval_temperature(cfg) != cfg.temperature:
+        label += f"-t{eval_temperature(cfg):g}"
     run_ids = []
     for seed in range(cfg.eval_seed_start, cfg.eval_seed_start + cfg.eval_seeds):
         r = _rollout(cfg, engine, base_name, served, f"{run_id}-eval-{label}-s{seed}", seed, cfg.eval_attempts, "eval",

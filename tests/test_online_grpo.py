@@ -120,6 +120,30 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     assert [it["served_after"]["name"] for it in iterations] == [None, None]
 
 
+def test_held_out_evaluation_at_temperature_0_takes_each_steps_most_likely_action(tiny, tmp_path):
+    from halo_agent.chat_server import ChatCompletionServer
+    from halo_agent.policies.hf_policy import LocalChatModel
+    from halo_agent.serving import EngineClient
+    from halo_data.lake import Lake
+    from halo_train.online import OnlineError, Served, evaluate
+
+    with ChatCompletionServer(LocalChatModel(tiny, device="cpu"), served_model_name="tiny") as server:
+        cfg = online_config(tiny, tmp_path, engine_url=server.url, eval_seeds=2, eval_attempts=3, eval_temperature=0.0)
+        Lake.init(cfg.lake)
+        rate = evaluate(cfg, EngineClient(server.url), "tiny", Served(None, 0), "online")
+    episodes = query(cfg.lake, "select run_id, task_id, temperature, success from episodes")
+    # Named after the temperature too, so a sampled evaluation of the same version is never resumed into it.
+    assert {r["run_id"] for r in episodes} == {"online-eval-v0-t0-s100000", "online-eval-v0-t0-s100001"}
+    assert len(episodes) == 2 * 3 * len(cfg.eval_tasks) and {r["temperature"] for r in episodes} == {0.0}
+    assert rate == pytest.approx(sum(r["success"] for r in episodes) / len(episodes))
+    # Greedy: every attempt at one page takes the same first action.
+    first = query(cfg.lake, "select e.run_id, e.task_id, count(distinct s.model_output) n from steps s join episodes e "
+                            "using (episode_id) where s.step_idx = 0 group by all")
+    assert len(first) == 2 * len(cfg.eval_tasks) and {r["n"] for r in first} == {1}
+    with pytest.raises(OnlineError, match="--eval-temperature must lie in 0..2"):
+        online_config(tiny, tmp_path, engine_url=server.url, eval_temperature=-1.0)
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "halo_train.cli", "online-grpo", *args]
 
