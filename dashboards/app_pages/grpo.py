@@ -104,18 +104,22 @@ WHERE level = 'step' AND group_size > 1
 """
 
 
+def _metric_row(*metrics: tuple[str, ...]) -> None:
+    """One row of st.metric: (label, value[, help]) each."""
+    for column, (label, value, *help_) in zip(st.columns(len(metrics)), metrics):
+        column.metric(label, value, help=help_[0] if help_ else None)
+
+
 def _state_group_section(groups) -> None:
     """Per-state groups (candidates sampled and scored at one visited state), per run and policy_version."""
     n = int(groups["n_state_groups"].sum())
     trainable = int(groups["n_trainable_state_groups"].sum())
     frac = 1.0 - trainable / n if n else 1.0
     st.subheader("Per-state groups (candidates)")
-    c1, c2, c3, c4 = st.columns(4)
-    c1.metric("frac_reward_zero_std (state groups)", f"{frac:.1%}")
-    c2.metric("State groups", f"{n:,}")
-    c3.metric("Trainable state groups", f"{trainable:,}")
-    c4.metric("Unreproducible states", f"{int(groups['n_unreproducible_states'].sum()):,}",
-              help="States whose replayed action prefix did not reach the stored state_hash: left out, never trained on.")
+    _metric_row(("frac_reward_zero_std (state groups)", f"{frac:.1%}"), ("State groups", f"{n:,}"),
+                ("Trainable state groups", f"{trainable:,}"),
+                ("Unreproducible states", f"{int(groups['n_unreproducible_states'].sum()):,}",
+                 "States whose replayed action prefix did not reach the stored state_hash: left out, never trained on."))
     if frac > STALL_FRACTION:
         st.warning(
             f"{frac:.0%} of the state groups have zero reward std: their candidates all scored the same, so GRPO "
@@ -144,12 +148,10 @@ if data.require_steps(snap):
         st.info("No error-free episodes yet, so no GRPO groups.")
     else:
         frac = float(totals["frac_reward_zero_std"])
-        c1, c2, c3, c4 = st.columns(4)
-        c1.metric("frac_reward_zero_std (all groups)", f"{frac:.1%}")
-        c2.metric("Groups", f"{n_groups:,}")
-        c3.metric("Trainable groups (reward std > 0)", f"{int(totals['n_trainable_groups']):,}")
-        c4.metric("Groups of one attempt", f"{int(totals['n_singleton_groups']):,}",
-                  help="A group needs several attempts of a task (same task_seed, policy_version) to have a std.")
+        _metric_row(("frac_reward_zero_std (all groups)", f"{frac:.1%}"), ("Groups", f"{n_groups:,}"),
+                    ("Trainable groups (reward std > 0)", f"{int(totals['n_trainable_groups']):,}"),
+                    ("Groups of one attempt", f"{int(totals['n_singleton_groups']):,}",
+                     "A group needs several attempts of a task (same task_seed, policy_version) to have a std."))
         state_groups = snap.df(STATE_GROUPS_SQL)
         # Attempts of one each (--group-by state --group-size 1) are zero-std by construction: where the lake has
         # state groups, those are what the updates read, and the warning below judges them instead.
