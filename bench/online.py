@@ -7,6 +7,10 @@
     .venv/bin/python -m bench online --task click-tab --choice-labels --group-by state --cover-choices \
         --candidates-per-state 8 --group-size 1 --seeds-per-iteration 16 --warmup-seeds 8 --replay-iterations 2 \
         --max-staleness 2 --lr 5e-3 --batch-size 32 --eval-seeds 20 --eval-attempts 2
+    .venv/bin/python -m bench online --task click-button --choice-labels --group-by state --cover-choices \
+        --candidates-per-state 8 --group-size 1 --seeds-per-iteration 32 --warmup-seeds 8 --lr 2e-3 --lora-r 64 \
+        --lora-alpha 64 --batch-size 32 --eval-seeds 20 --eval-attempts 2 --train-steps 32 --replay-iterations 4 \
+        --max-staleness 4 --iterations 30
 
 Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 1. warm-up data: the random policy, ``--warmup-attempts`` times on each of ``--warmup-seeds`` task seeds (from
@@ -23,7 +27,7 @@ Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 With ``--choice-labels`` every choice names its element first (``# 'Tab #2'`` then ``click('21')``)
 and step 2 imitates the same random steps written that way (``labelled_warm_start``). With ``--group-by state
 --cover-choices`` each visited state's group is every action the page offers, scored from the restored state
-(the last command above: bench/README.md's "Covered choices").
+(the last two commands above: bench/README.md's "Covered choices" and "Run I").
 
 The figures are printed and written to bench/results/online-<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
