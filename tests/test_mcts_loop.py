@@ -3,6 +3,8 @@ its trees land in the lake, DPO trains on their pairs, the new adapter is loaded
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,7 +32,7 @@ def test_search_pairs_dpo_reload_and_search_again(tiny, tmp_path):
     lines: list[str] = []
     # theta 0: any Q difference between tried siblings is a pair
     cfg = MCTSConfig(base_model=tiny, tasks=TASKS, iterations=2, task_seeds=2, simulations=6, expansions=4, max_depth=2, theta=0.0,
-                     train_steps=1, lr=0.01, max_tokens=16, serve=True, lake=str(tmp_path / "lake"),
+                     train_steps=1, lr=0.01, lora_alpha=16, max_tokens=16, serve=True, lake=str(tmp_path / "lake"),
                      output_dir=str(tmp_path / "out"), run_id="agentq", progress=False)
     summary = run_mcts(cfg, echo=lines.append)
     assert len(summary.iterations) == 2 and len(lines) == 2
@@ -45,6 +47,8 @@ def test_search_pairs_dpo_reload_and_search_again(tiny, tmp_path):
     version = first["served_after"]["version"]
     weights = load_file(str(tmp_path / "out" / f"policy-{version}" / "adapter_model.safetensors"))
     assert any(float(v.abs().sum()) > 0 for k, v in weights.items() if "lora_B" in k)  # DPO moved the adapter
+    adapter = json.loads((tmp_path / "out" / f"policy-{version}" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (cfg.lora_r, 16)
     assert first["served_after"]["name"] == f"policy-{version}"
     for later in summary.iterations[first["iteration"] + 1:]:  # every later search samples with the new version
         sampled = lake.query_arrow("select distinct policy_version from mcts_nodes where run_id = $r",

@@ -52,7 +52,8 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path
     # Four task seeds per iteration (8 groups over the two tasks): an iteration whose groups are all flat trains
     # nothing (and serves the version before), which a few groups of a sharpened tiny model can be (seen with 4
     # groups); this test is about two updates.
-    cfg = online_config(tiny, tmp_path, serve=True, eval_every=2, eval_seeds=1, eval_attempts=1, seeds_per_iteration=4)
+    cfg = online_config(tiny, tmp_path, serve=True, eval_every=2, eval_seeds=1, eval_attempts=1, seeds_per_iteration=4,
+                        lora_alpha=16)
     lines: list[str] = []
     summary = run_online(cfg, echo=lines.append)
 
@@ -60,6 +61,8 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path
     assert summary.served == "policy-2"
     one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
     assert one.keys() == two.keys()
+    adapter = json.loads((out / "policy-1" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (cfg.lora_r, 16)
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
     # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
     assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
