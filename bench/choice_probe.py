@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halo_train.grpo import GRPOCollator, tokenize_member
+    from halo_train.grpo import pad_members, tokenize_member
     from halo_train.trainer_utils import quiet_hub
 
     quiet_hub()
@@ -116,12 +116,11 @@ def main(argv: list[str] | None = None) -> None:
 
         model = get_peft_model(model, LoraConfig(r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=0.05, task_type="CAUSAL_LM",
                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-    pad = GRPOCollator(tokenizer.pad_token_id)
     for s in train + held:
         s["enc"] = [tokenize_member(tokenizer, s["prompt"], c, 256) for c in s["choices"]]
 
     def logprob_sums(members: list[dict]):
-        batch = pad([{**m, "advantage": 0.0, "logprob_sum": None, "episode_reward": 0.0, "episode_group_std": 0.0} for m in members])
+        batch = pad_members(members, tokenizer.pad_token_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
         logps = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
         return (logps * batch["completion_mask"][:, 1:]).sum(-1)

@@ -311,6 +311,19 @@ def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max
     return float((logps * mask[:, 1:]).sum())
 
 
+def pad_members(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+    """Right-pads tokenised members (``tokenize_member``): input_ids, attention_mask and completion_mask tensors."""
+    import torch
+
+    width = max(len(r["input_ids"]) for r in rows)
+    pad = lambda seq, value: list(seq) + [value] * (width - len(seq))  # noqa: E731
+    return {
+        "input_ids": torch.tensor([pad(r["input_ids"], pad_token_id) for r in rows]),
+        "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
+        "completion_mask": torch.tensor([pad(r["completion_mask"], 0) for r in rows]),
+    }
+
+
 class GRPOCollator:
     """Right-pads a batch of tokenised members (or, with a VLM ``encoder``, tokenises them with their
     images); scalars become float tensors."""
@@ -320,18 +333,9 @@ class GRPOCollator:
         self.encoder = encoder
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
         if self.encoder is not None:
             return {**self.encoder.collate(self.encoder.encode(rows)), **self.scalars(rows)}
-        width = max(len(r["input_ids"]) for r in rows)
-        pad = lambda seq, value: list(seq) + [value] * (width - len(seq))  # noqa: E731
-        return {
-            "input_ids": torch.tensor([pad(r["input_ids"], self.pad_token_id) for r in rows]),
-            "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
-            "completion_mask": torch.tensor([pad(r["completion_mask"], 0) for r in rows]),
-            **self.scalars(rows),
-        }
+        return {**pad_members(rows, self.pad_token_id), **self.scalars(rows)}
 
     @staticmethod
     def scalars(rows: list[dict[str, Any]]) -> dict[str, Any]:
