@@ -40,6 +40,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -147,8 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
     result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": a.eval_seeds * a.eval_attempts,
               "start": start, "random": random, "final": final, "greedy": greedy, "curve": curve, "seconds": time.perf_counter() - t0}
-    print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts): "
-          f"start {start:.0%}, random {random:.0%}, final {final if final is None else f'{final:.0%}'}")
+    n = a.eval_seeds * a.eval_attempts
+    print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts, 95% intervals): "
+          f"start {start:.0%} {wilson(start, n)}, random {random:.0%} {wilson(random, n)}, "
+          f"final {'-' if final is None else f'{final:.0%} {wilson(final, n)}'}")
+    if final is not None:
+        print(f"{a.task}: final - start {100 * (final - start):+.0f} points, final - random {100 * (final - random):+.0f} points "
+              f"(issue 11's target: +25 over both)")
     if greedy:
         print(f"{a.task}: at temperature 0: start {greedy['start']:.0%}, final (version {greedy['version']}) {greedy['final']:.0%}")
     print("iteration  version  train success  held-out  flat groups  updated")
@@ -160,6 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> str:
+    """The 95% Wilson score interval of a success rate p over n attempts, as '[lo-hi%]'."""
+    if n <= 0:
+        return "[-]"
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return f"[{100 * max(0.0, centre - half):.0f}-{100 * min(1.0, centre + half):.0f}%]"
 
 
 def greedy_start_and_final(cfg, summary) -> dict:
