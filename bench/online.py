@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
           f"final {'-' if final is None else f'{final:.0%} {wilson(final, n)}'}")
     if final is not None:
         print(f"{a.task}: final - start {100 * (final - start):+.0f} points, final - random {100 * (final - random):+.0f} points "
-              f"(issue 11's target: +25 over both)")
+              f"(target: +25 over both)")
     if greedy:
         print(f"{a.task}: at temperature 0: start {greedy['start']:.0%}, final (version {greedy['version']}) {greedy['final']:.0%}")
     print("iteration  version  train success  held-out  flat groups  updated")
