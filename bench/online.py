@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
     greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
-    result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": a.eval_seeds * a.eval_attempts,
-              "start": start, "random": random, "final": final, "greedy": greedy, "curve": curve, "seconds": time.perf_counter() - t0}
     n = a.eval_seeds * a.eval_attempts
+    result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": n,
+              "start": start, "random": random, "final": final, "greedy": greedy, "curve": curve, "seconds": time.perf_counter() - t0}
     print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts, 95% intervals): "
           f"start {start:.0%} {wilson(start, n)}, random {random:.0%} {wilson(random, n)}, "
           f"final {'-' if final is None else f'{final:.0%} {wilson(final, n)}'}")
