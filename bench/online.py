@@ -136,13 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{stamps[-1] - stamps[-2]:.0f} s] {line}", flush=True)
 
     summary = run_online(cfg, echo=echo)
-    iteration_seconds = [b - a_ for a_, b in zip(stamps, stamps[1:])]
+    # Seconds are the loop's own per-iteration record, so a resumed run keeps those of its earlier iterations.
     curve = [
         {"iteration": it["iteration"], "sampled_version": it["sampled_version"],
          "train_success": it["metrics"]["success_rate/train"], "heldout_success": it["metrics"].get("success_rate/heldout"),
          "frac_reward_zero_std": it["metrics"]["frac_reward_zero_std"], "updated": it["update"] == "trained",
-         "seconds": seconds}
-        for it, seconds in zip(summary.iterations, iteration_seconds + [None] * len(summary.iterations))
+         "seconds": it["metrics"].get("iteration_seconds")}
+        for it in summary.iterations
     ]
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
     greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
