@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
          "seconds": it["metrics"].get("iteration_seconds")}
         for it in summary.iterations
     ]
+    if a.cover_choices:  # each state's group is every choice the page offers: the policy's choice, state by state
+        figures = choice_figures(lake, [it["rollout_run"] for it in summary.iterations])
+        for c, it in zip(curve, summary.iterations):
+            c.update(figures[it["rollout_run"]])
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
     greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
     n = a.eval_seeds * a.eval_attempts
@@ -157,15 +161,63 @@ def main(argv: list[str] | None = None) -> None:
               f"(target: +25 over both)")
     if greedy:
         print(f"{a.task}: at temperature 0: start {greedy['start']:.0%}, final (version {greedy['version']}) {greedy['final']:.0%}")
-    print("iteration  version  train success  held-out  flat groups  updated")
+    print("iteration  version  train success  held-out  flat groups  updated" +
+          ("  P(best)  P(best | named), 2+ named" if a.cover_choices else ""))
     for c in curve:
         held = "" if c["heldout_success"] is None else f"{c['heldout_success']:.0%}"
         print(f"{c['iteration']:>9}  {c['sampled_version']:>7}  {c['train_success']:>13.0%}  {held:>8}  "
-              f"{c['frac_reward_zero_std']:>11.0%}  {c['updated']}")
+              f"{c['frac_reward_zero_std']:>11.0%}  {str(c['updated']):>7}" +
+              (f"  {fmt(c['p_best'])}  {fmt(c['p_best_given_named'])} ({c['states_2plus_named']} states)"
+               if a.cover_choices else ""))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
+
+
+def choice_figures(lake: str, rollout_runs: list[str]) -> dict[str, dict]:
+    """How the sampling version chose at the states of each rollout run, from its covered groups (every choice of
+    the page once, each with its sampled log-probability and its score): the softmax of the choices' log-probabilities
+    is the policy's distribution over the page's choices. ``p_best``: its mass on the best-scoring choices, averaged
+    over the states whose choices' scores differ. ``p_best_given_named``: the same among the choices that name
+    their element (``# 'OK'``, not ``# textbox``), over the states with two or more of them whose best choice
+    names one: on click-button, which button among the buttons."""
+    from collections import defaultdict
+
+    from halo_data.lake import Lake
+
+    rows = Lake.open(lake).query_arrow(
+        "select run_id, episode_id, step_idx, model_output, score, logprob_sum from candidates "
+        "where list_contains($runs, run_id)", {"runs": list(rollout_runs)}).to_pylist()
+    states: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        states[(r["run_id"], r["episode_id"], r["step_idx"])].append(r)
+    p_best: dict[str, list[float]] = defaultdict(list)
+    p_named: dict[str, list[float]] = defaultdict(list)
+    for (run, _, _), group in states.items():
+        if any(r["score"] is None or r["logprob_sum"] is None for r in group):
+            continue  # a state that did not restore: scored by nothing
+        best = max(r["score"] for r in group)
+        if best == min(r["score"] for r in group):
+            continue
+        p_best[run].append(_mass(group, best))
+        named = [r for r in group if (r["model_output"] or "").startswith("# '")]
+        if len(named) >= 2 and any(r["score"] == best for r in named):
+            p_named[run].append(_mass(named, best))
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {run: {"p_best": mean(p_best[run]), "p_best_given_named": mean(p_named[run]), "states": len(p_best[run]),
+                  "states_2plus_named": len(p_named[run])} for run in rollout_runs}
+
+
+def _mass(group: list[dict], best: float) -> float:
+    """The softmax mass of a group's choices (by their log-probabilities) on those scoring ``best``."""
+    top = max(r["logprob_sum"] for r in group)
+    weights = [math.exp(r["logprob_sum"] - top) for r in group]
+    return sum(w for w, r in zip(weights, group) if r["score"] == best) / sum(weights)
+
+
+def fmt(p: float | None) -> str:
+    return "    -" if p is None else f"{p:5.2f}"
 
 
 def wilson(p: float, n: int, z: float = 1.96) -> str:
