@@ -447,11 +447,12 @@ class Lake:
         self.upsert_runs([row])
 
     # ------------------------------------------------------------------ reading
-    def connect(self, as_of: Any = None, params: Any = None, views: bool | str = True):
-        """A DuckDB connection with every table (as of a snapshot) and every view registered."""
+    def connect(self, as_of: Any = None, params: Any = None, views: bool | str = True, tables: tuple[str, ...] | None = None):
+        """A DuckDB connection with every table (as of a snapshot) and every view registered; ``tables`` (with
+        ``views=False``): only those tables."""
         from halo_data.reader import connect
 
-        return connect(self, as_of=as_of, params=params, views=views)
+        return connect(self, as_of=as_of, params=params, views=views, tables=tables)
 
     def query_arrow(self, sql: str, parameters: Mapping[str, Any] | None = None, **connect_kw: Any) -> pa.Table:
         # Only the views the query names are created unless the caller says otherwise.

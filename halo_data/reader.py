@@ -96,8 +96,15 @@ def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
             con.execute(f"SET VARIABLE {k} = {float(v)!r}::DOUBLE")
 
 
-def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool | str = True) -> duckdb.DuckDBPyConnection:
-    """``views``: True for every view, False for none, or a query whose views (and theirs) to create."""
+def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool | str = True,
+            tables: tuple[str, ...] | None = None) -> duckdb.DuckDBPyConnection:
+    """``views``: True for every view, False for none, or a query whose views (and theirs) to create.
+    ``tables`` (with ``views=False``): register only these tables, for a read that needs no others."""
+    if tables is not None and views is not False:
+        raise ValueError("connect(tables=...) registers some tables only: views need them all, pass views=False")
+    unknown = set(tables or ()) - set(S.TABLES)
+    if unknown:
+        raise ValueError(f"no such table: {', '.join(sorted(unknown))}")
     from halo_data.lake import parse_as_of
     from halo_data.views import create_views
 
@@ -111,7 +118,7 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     # A Delta table's data files never change once written: read each footer once per connection,
     # not again for every view bound and every query over the same files.
     con.execute("SET parquet_metadata_cache = true")
-    for name in S.TABLES:
+    for name in S.TABLES if tables is None else tables:
         if isinstance(as_of_parsed, dt.datetime):
             version: Any = as_of_parsed
         elif isinstance(as_of_parsed, dict):

@@ -153,6 +153,23 @@ def test_as_of_reads_older_snapshots(tmp_path):
         lake.connect(as_of=99)
 
 
+def test_connect_can_register_only_some_tables(tmp_path):
+    lake = Lake.init(tmp_path / "lake")
+    with EpisodeWriter(lake) as writer:
+        writer.write_episode(*one_episode())
+    con = lake.connect(views=False, tables=("steps",))
+    try:
+        assert con.execute("select count(*) from steps").fetchone()[0] == 2
+        with pytest.raises(Exception, match="episodes"):
+            con.execute("select count(*) from episodes")
+    finally:
+        con.close()
+    with pytest.raises(ValueError, match="views need them all"):
+        lake.connect(tables=("steps",))
+    with pytest.raises(ValueError, match="no such table: stepz"):
+        lake.connect(views=False, tables=("stepz",))
+
+
 def test_parse_as_of():
     assert parse_as_of(None) is None
     assert parse_as_of(4) == {"steps": 4}

@@ -148,6 +148,28 @@ def test_a_rollout_that_writes_nothing_reports_no_lake_share(rollout_lake):
     assert _rows(lake, "select count(*) as n from episodes where run_id = 'r-one'")[0]["n"] == 8
 
 
+def test_resuming_a_complete_run_builds_no_policy_and_keeps_its_record(rollout_lake, monkeypatch):
+    """A finished run with every episode in the lake, resumed: nothing runs, no policy is built, and its runs row
+    stays as it was. Changed plan options still stop the resume with the line that names them."""
+    import importlib
+
+    from halo_agent.rollout import RolloutError, run_rollouts
+
+    lake, _ = rollout_lake
+    before = _rows(lake, "select * from runs where run_id = 'r-one'")
+    with monkeypatch.context() as m:
+        def no_policy(config):
+            raise AssertionError("a complete run builds no policy")
+
+        m.setattr(importlib.import_module("halo_agent.rollout.run"), "policy_for", no_policy)
+        summary = run_rollouts(_config(lake, "r-one", resume=True))
+    assert (summary.status, summary.planned_episodes, summary.skipped_episodes, summary.episodes_written) == ("finished", 8, 8, 0)
+    assert _rows(lake, "select * from runs where run_id = 'r-one'") == before
+    with pytest.raises(RolloutError, match="with different rollouts_per_task than the run had"):
+        run_rollouts(_config(lake, "r-one", resume=True, rollouts_per_task=ATTEMPTS + 1))
+    assert _rows(lake, "select count(*) as n from episodes where run_id = 'r-one'")[0]["n"] == 8
+
+
 class CrashingPolicy:
     """Random actions, except that the second episode crashes the page's renderer."""
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from halo_data.lake import Lake
+from halo_data.lake import Lake, LakeError
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_data.writer import EpisodeWriter
 
@@ -119,6 +119,8 @@ def run_rollouts(config: RolloutConfig) -> RunSummary:
     tasks = resolve_tasks(config)  # bad task ids fail before anything is written
     run_id = config.run_id or default_run_id(config)
     config, lineage = _pin_cache_snapshot(config, run_id)
+    if config.resume and (complete := _complete_run(config, run_id, tasks)) is not None:
+        return complete
     # In-process runs build their policy now, so a policy that cannot start (no model, no key) writes nothing.
     local_policy = policy_for(config) if config.workers == 1 and not config.ray_address else None
     lake = Lake.init(config.lake)
@@ -190,6 +192,34 @@ def _pin_cache_snapshot(config: RolloutConfig, run_id: str) -> tuple[RolloutConf
         version = stored.get("cache_version", snapshot_version(lake))
     options = {**options, "lake": options.get("lake") or str(config.lake), "cache_version": int(version)}
     return dataclasses.replace(config, policy_options=options), {"steps": int(version)}
+
+
+def _complete_run(config: RolloutConfig, run_id: str, tasks) -> RunSummary | None:
+    """A resumed run that finished and has every planned episode in the lake: there is nothing to run, so no
+    policy is built and its ``runs`` row stays as it is. None for anything else (a run to start or complete, or
+    options that changed: the normal path says which), which then resumes as usual."""
+    try:
+        lake = Lake.open(config.lake)
+    except LakeError:
+        return None
+    con = lake.connect(views=False, tables=("runs", "steps"))  # one connection, two tables: a resume may come often
+    try:
+        run = con.execute("select status, config from runs where run_id = $r", {"r": run_id}).fetchall()
+        done = {r[0] for r in con.execute("select distinct episode_id from steps where run_id = $r", {"r": run_id}).fetchall()} if run else set()
+    finally:
+        con.close()
+    if not run or run[0][0] != "finished":
+        return None
+    stored, mine = json.loads(run[0][1] or "{}"), json.loads(config.to_json())
+    if any(k in stored and stored.get(k) != mine.get(k) for k in _PLAN_FIELDS):
+        return None
+    plan = plan_episodes(config, run_id, tasks)
+    if any(spec.episode_id not in done for spec in plan):
+        return None
+    log.info("run %s: complete, all %d planned episodes in the lake; nothing to run", run_id, len(plan))
+    return RunSummary(run_id=run_id, lake=str(config.lake), status="finished", planned_episodes=len(plan),
+                      skipped_episodes=len(plan), episodes_written=0, successes=0, env_errors=0, steps=0,
+                      wall_seconds=0.0, lake_seconds=0.0, workers=config.workers)
 
 
 def _start_record(config: RolloutConfig, lake: Lake, run_id: str, planned: int) -> tuple[RunRecord, set[str]]:
