@@ -467,7 +467,7 @@ class Lake:
 
     def episode_ids(self, run_id: str) -> set[str]:
         """Episode ids already committed for a run (what ``--resume`` skips)."""
-        con = self.connect(views=False)
+        con = self.connect(views=False, tables=("steps",))
         try:
             rows = con.execute(
                 "select distinct episode_id from steps where run_id = $r", {"r": run_id}

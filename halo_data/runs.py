@@ -204,5 +204,5 @@ def upsert_runs(lake: Lake, records: Sequence[RunRecord]) -> None:
 
 def existing_run(lake: Lake, run_id: str) -> dict[str, Any] | None:
     """The stored ``runs`` row of ``run_id``, or None."""
-    rows = lake.query_arrow("select * from runs where run_id = $r", {"r": run_id}, views=False).to_pylist()
+    rows = lake.query_arrow("select * from runs where run_id = $r", {"r": run_id}, views=False, tables=("runs",)).to_pylist()
     return rows[0] if rows else None
