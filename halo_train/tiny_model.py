@@ -201,7 +201,8 @@ def _warm_up(model, tokenizer, lake: str, steps: int, seed: int, lr: float, wher
     read = read_view(lake, "bc_rows", where=where, view_params=view_params, job_type="bc")
     if read.table.num_rows == 0:
         raise EmptyViewError(f"{EMPTY_VIEW_HINTS['bc_rows']}; lake: {lake}")
-    dataset = bc_dataset(read.table)
+    # The view returns rows in the order of the lake's files; sorted, the same rows warm up the same model in any lake.
+    dataset = bc_dataset(read.table.sort_by([("prompt", "ascending"), ("completion", "ascending")]))
     with tempfile.TemporaryDirectory(prefix="halo-tiny-warmup-") as tmp:
         args = SFTConfig(
             output_dir=tmp,

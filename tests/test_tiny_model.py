@@ -59,6 +59,27 @@ def test_warmed_up_model_answers_with_actions(tmp_path):
         assert ACTION.match(answer), answer
 
 
+@pytest.mark.slow
+def test_the_warm_up_trains_the_same_model_from_the_same_rows_in_any_order(tmp_path):
+    """Two lakes with the same episodes committed in opposite orders: their views list the rows in different
+    orders, and the warmed-up models are the same to the bit."""
+    from safetensors.torch import load_file
+
+    from halo_train.data import read_view
+
+    built = []
+    for name, order in (("a", (2, 3)), ("b", (3, 2))):
+        lake = Lake.init(tmp_path / name)
+        for n_steps in order:
+            write_fixture_episodes(lake, run_id=f"fixture-{n_steps}", n_tasks=2, attempts=2, n_steps=n_steps)
+        built.append(build_tiny_model(tmp_path / f"tiny-{name}", warmup_lake=tmp_path / name, steps=6, batch_size=4, lr=5e-3))
+    orders = [read_view(str(tmp_path / name), "bc_rows").table.column("prompt").to_pylist() for name in ("a", "b")]
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+    weights = [load_file(str(path / "model.safetensors")) for path in built]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(bool((weights[0][k] == weights[1][k]).all()) for k in weights[0])
+
+
 @pytest.mark.parametrize("vocab_size", [512, 1024])
 def test_the_saved_tokenizer_splits_text_as_every_job_loads_it(tmp_path, vocab_size):
     """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which rebuilds Qwen's pre-tokenizer: the built
