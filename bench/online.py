@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-temperature", type=float, help="Temperature of the held-out evaluations (default: the loop's, 1).")
     ap.add_argument("--greedy-too", action="store_true",
                     help="After the loop, evaluate the start model and the last version at temperature 0 as well (each step's most likely action).")
+    ap.add_argument("--wide-eval-seeds", type=int, default=0,
+                    help="After the loop, start, random and the last served version again on this many held-out seeds "
+                         "(the first --eval-seeds of them are the curve's own runs, read back): a verdict with a narrower interval.")
     ap.add_argument("--workdir", help="Where the lake, model and adapters go (default: a temporary folder).")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -150,9 +153,11 @@ def main(argv: list[str] | None = None) -> None:
             c.update(figures[it["rollout_run"]])
     final = next((c["heldout_success"] for c in reversed(curve) if c["heldout_success"] is not None), None)
     greedy = greedy_start_and_final(cfg, summary) if a.greedy_too else None
+    wide = wide_start_random_and_final(cfg, summary, a.wide_eval_seeds) if a.wide_eval_seeds else None
     n = a.eval_seeds * a.eval_attempts
     result = {"task": a.task, "options": vars(a), "heldout_seeds": a.eval_seeds, "heldout_attempts": n,
-              "start": start, "random": random, "final": final, "greedy": greedy, "curve": curve, "seconds": time.perf_counter() - t0}
+              "start": start, "random": random, "final": final, "greedy": greedy, "wide": wide, "curve": curve,
+              "seconds": time.perf_counter() - t0}
     print(f"\n{a.task}: held-out success ({a.eval_seeds} seeds x {a.eval_attempts} attempts, 95% intervals): "
           f"start {start:.0%} {wilson(start, n)}, random {random:.0%} {wilson(random, n)}, "
           f"final {'-' if final is None else f'{final:.0%} {wilson(final, n)}'}")
@@ -161,6 +166,12 @@ def main(argv: list[str] | None = None) -> None:
               f"(target: +25 over both)")
     if greedy:
         print(f"{a.task}: at temperature 0: start {greedy['start']:.0%}, final (version {greedy['version']}) {greedy['final']:.0%}")
+    if wide:
+        w = wide["attempts"]
+        print(f"{a.task}: on {a.wide_eval_seeds} held-out seeds ({w} attempts): start {wide['start']:.0%} {wilson(wide['start'], w)}, "
+              f"random {wide['random']:.0%} {wilson(wide['random'], w)}, final (version {wide['version']}) {wide['final']:.0%} "
+              f"{wilson(wide['final'], w)}; final - start {100 * (wide['final'] - wide['start']):+.1f}, "
+              f"final - random {100 * (wide['final'] - wide['random']):+.1f} points")
     print("iteration  version  train success  held-out  flat groups  updated" +
           ("  P(best)  P(best | named), 2+ named" if a.cover_choices else ""))
     for c in curve:
@@ -232,17 +243,34 @@ def greedy_start_and_final(cfg, summary) -> dict:
     """Held-out success at temperature 0 of the start model and of the version the loop served last."""
     import dataclasses
 
+    return start_and_last(dataclasses.replace(cfg, eval_temperature=0.0), summary)
+
+
+def wide_start_random_and_final(cfg, summary, seeds: int) -> dict:
+    """Held-out success of the start model, the random policy and the version the loop served last, on ``seeds``
+    held-out task seeds from --eval-seed-start: the curve's seeds and more. Every run is named as the loop names
+    its own evaluations, so the seeds the curve already measured are read back, not sampled again."""
+    import dataclasses
+
+    wide = start_and_last(dataclasses.replace(cfg, eval_seeds=seeds), summary, with_random=True)
+    return {"seeds": seeds, "attempts": seeds * cfg.eval_attempts, **wide}
+
+
+def start_and_last(cfg, summary, with_random: bool = False) -> dict:
+    """Held-out success (``cfg``'s evaluation) of the start model, the random policy where asked, and the version
+    the loop served last."""
     from halo_train.online import Served, evaluate, open_engine
 
-    greedy = dataclasses.replace(cfg, eval_temperature=0.0)
     last = summary.iterations[-1]["served_after"] if summary.iterations else {"name": None, "version": 0, "path": None}
     served = Served(last["name"], int(last["version"]), last["path"])
-    with open_engine(greedy, Path(cfg.output_dir)) as (engine, base_name):
-        start = evaluate(greedy, engine, base_name, Served(None, 0), "online")
+    with open_engine(cfg, Path(cfg.output_dir)) as (engine, base_name):
+        out = {"start": evaluate(cfg, engine, base_name, Served(None, 0), "online")}
+        if with_random:
+            out["random"] = evaluate(cfg, engine, base_name, Served(None, 0), "online", policy="random")
         if served.name:
             engine.load_adapter(served.name, served.path)
-        final = evaluate(greedy, engine, base_name, served, "online")
-    return {"start": start, "final": final, "version": served.version}
+        out["final"] = evaluate(cfg, engine, base_name, served, "online")
+    return {**out, "version": served.version}
 
 
 def labelled_warm_start(model: Path, lake: str, a: argparse.Namespace) -> None:
@@ -272,6 +300,7 @@ def labelled_warm_start(model: Path, lake: str, a: argparse.Namespace) -> None:
         answer = labelled_answer(r["completion"], page)
         if answer is not None:
             rows.append({"prompt": r["prompt"], "completion": answer})
+    rows.sort(key=lambda r: (r["prompt"], r["completion"]))  # the view's order follows the lake's files: one model from one set of rows
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(staging)
