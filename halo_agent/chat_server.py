@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
     parser.add_argument("--max-tokens-limit", type=int, default=1024)
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="stop once this process (the one that started the server) has ended, however it ended")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     adapters = {}
@@ -380,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     return serve_until_interrupted(
-        build, (ModelLoadError, OSError), lambda server: f"Serving {server.served_model_name} at {server.url} (HALO_VLLM_URL={server.url})"
+        build, (ModelLoadError, OSError), lambda server: f"Serving {server.served_model_name} at {server.url} (HALO_VLLM_URL={server.url})",
+        parent_pid=args.parent_pid,
     )
 
 

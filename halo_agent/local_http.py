@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import http.server
 import logging
+import os
+import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 log = logging.getLogger(__name__)
@@ -71,13 +74,17 @@ def reply(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes,
 Server = TypeVar("Server", bound=LocalHTTPServer)
 
 
-def serve_until_interrupted(build: Callable[[], Server], errors: tuple[type[BaseException], ...], banner: Callable[[Server], str]) -> int:
-    """A command line's server: build it (``errors`` become one ``Error:`` line, exit 1), print ``banner``, serve until Ctrl-C."""
+def serve_until_interrupted(build: Callable[[], Server], errors: tuple[type[BaseException], ...], banner: Callable[[Server], str],
+                            parent_pid: int | None = None) -> int:
+    """A command line's server: build it (``errors`` become one ``Error:`` line, exit 1), print ``banner``, serve until
+    Ctrl-C, or, with ``parent_pid``, until that process is no longer this one's parent."""
     try:
         server = build()
     except errors as e:
         sys.stderr.write(f"Error: {e}\n")
         return 1
+    if parent_pid is not None:
+        stop_with_parent(parent_pid)
     sys.stdout.write(banner(server) + "\n")
     sys.stdout.flush()
     try:
@@ -85,3 +92,14 @@ def serve_until_interrupted(build: Callable[[], Server], errors: tuple[type[Base
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def stop_with_parent(parent_pid: int, every: float = 0.5) -> None:
+    """Interrupt this process, as Ctrl-C would, once ``parent_pid`` is no longer its parent: the process that started
+    it has ended, even by ``kill -9``, and nothing else would stop it."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

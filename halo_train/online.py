@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -668,7 +669,7 @@ def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as errors:
         proc = subprocess.Popen(
-            chat_server_command(base_model, {}, 0),
+            chat_server_command(base_model, {}, 0, parent_pid=os.getpid()),  # a loop killed with -9 leaves no server behind
             stdout=subprocess.PIPE, stderr=errors, text=True,
         )
     try:

@@ -109,11 +109,14 @@ def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
     return command + list(spec.extra_args)
 
 
-def chat_server_command(base_model: str, adapters: dict[str, str], port: int) -> list[str]:
-    """HALO's CPU chat server (``halo_agent.chat_server``) on 127.0.0.1."""
+def chat_server_command(base_model: str, adapters: dict[str, str], port: int, parent_pid: int | None = None) -> list[str]:
+    """HALO's CPU chat server (``halo_agent.chat_server``) on 127.0.0.1; with ``parent_pid``, it stops once that
+    process has ended."""
     command = [sys.executable, "-m", "halo_agent.chat_server", "--model", str(base_model), "--port", str(port), "--device", "cpu"]
     if adapters:
         command += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid)]
     return command
 
 

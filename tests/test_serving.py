@@ -197,3 +197,49 @@ def test_unreachable_engine_is_one_clear_error():
             engine.wait_ready(timeout=0.0, interval=0.0)
         with pytest.raises(EngineError, match="ConnectionRefusedError"):
             engine.load_adapter("v", "/adapters/v")
+
+
+PARENT = """
+import os, subprocess, sys, time
+from halo_train.serve import chat_server_command
+server = subprocess.Popen(chat_server_command(sys.argv[1], {}, 0, parent_pid=os.getpid()), stdout=subprocess.PIPE, text=True)
+line = server.stdout.readline()
+print(server.pid if " at " in line else f"no server: {line!r}", flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads process states from /proc")
+def test_the_loops_chat_server_stops_when_its_parent_is_killed(models):
+    """The online loop starts the chat server with --parent-pid: a loop killed with -9 leaves no server behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    base, _ = models
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(base)], stdout=subprocess.PIPE, text=True)
+    line = parent.stdout.readline().strip()
+    assert line.isdigit(), line
+    server = int(line)
+    try:
+        assert _running(server)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while _running(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(server)
+    finally:
+        if _running(server):
+            os.kill(server, signal.SIGKILL)
