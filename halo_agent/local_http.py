@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.server
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -48,6 +47,10 @@ class LocalHTTPServer:
     def serve_forever(self) -> None:
         self._httpd.serve_forever()
 
+    def shutdown(self) -> None:
+        """Make ``serve_forever`` return; call it from another thread."""
+        self._httpd.shutdown()
+
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
@@ -84,7 +87,7 @@ def serve_until_interrupted(build: Callable[[], Server], errors: tuple[type[Base
         sys.stderr.write(f"Error: {e}\n")
         return 1
     if parent_pid is not None:
-        stop_with_parent(parent_pid)
+        stop_with_parent(server, parent_pid)
     sys.stdout.write(banner(server) + "\n")
     sys.stdout.flush()
     try:
@@ -94,12 +97,14 @@ def serve_until_interrupted(build: Callable[[], Server], errors: tuple[type[Base
     return 0
 
 
-def stop_with_parent(parent_pid: int, every: float = 0.5) -> None:
-    """Interrupt this process, as Ctrl-C would, once ``parent_pid`` is no longer its parent: the process that started
-    it has ended, even by ``kill -9``, and nothing else would stop it."""
+def stop_with_parent(server: LocalHTTPServer, parent_pid: int, every: float = 0.5) -> None:
+    """Stop ``server`` once ``parent_pid`` is no longer this process's parent: the process that started it has ended,
+    even by ``kill -9``, and nothing else would stop it. (A shutdown, not a signal: a server started in the
+    background may ignore SIGINT.)"""
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(every)
-        os.kill(os.getpid(), signal.SIGINT)
+        log.info("the process that started this server (pid %d) has ended: stopping", parent_pid)
+        server.shutdown()
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

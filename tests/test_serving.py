@@ -200,8 +200,9 @@ def test_unreachable_engine_is_one_clear_error():
 
 
 PARENT = """
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
 from halo_train.serve import chat_server_command
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a job started in the background: the server inherits it
 server = subprocess.Popen(chat_server_command(sys.argv[1], {}, 0, parent_pid=os.getpid()), stdout=subprocess.PIPE, text=True)
 line = server.stdout.readline()
 print(server.pid if " at " in line else f"no server: {line!r}", flush=True)
