@@ -29,6 +29,10 @@ and step 2 imitates the same random steps written that way (``labelled_warm_star
 --cover-choices`` each visited state's group is every action the page offers, scored from the restored state
 (the last two commands above: bench/README.md's "Covered choices" and "Run I").
 
+With ``--cover-choices`` each iteration's line of the curve adds the sampling version's choice among the page's
+choices (``choice_figures``). ``--wide-eval-seeds N`` measures start, random and the last version again on N
+held-out seeds after the loop: a finished run's own command with it adds only that.
+
 The figures are printed and written to bench/results/online-<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
 command again resumes it.
