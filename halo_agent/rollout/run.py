@@ -194,6 +194,12 @@ def _pin_cache_snapshot(config: RolloutConfig, run_id: str) -> tuple[RolloutConf
     return dataclasses.replace(config, policy_options=options), {"steps": int(version)}
 
 
+def _changed_plan(stored_config: str | None, config: RolloutConfig) -> list[str]:
+    """The plan options (``_PLAN_FIELDS``) in which ``config`` differs from a stored run's config JSON."""
+    stored, mine = json.loads(stored_config or "{}"), json.loads(config.to_json())
+    return [k for k in _PLAN_FIELDS if k in stored and stored.get(k) != mine.get(k)]
+
+
 def _complete_run(config: RolloutConfig, run_id: str, tasks) -> RunSummary | None:
     """A resumed run that finished and has every planned episode in the lake: there is nothing to run, so no
     policy is built and its ``runs`` row stays as it is. None for anything else (a run to start or complete, or
@@ -210,8 +216,7 @@ def _complete_run(config: RolloutConfig, run_id: str, tasks) -> RunSummary | Non
         con.close()
     if not run or run[0][0] != "finished":
         return None
-    stored, mine = json.loads(run[0][1] or "{}"), json.loads(config.to_json())
-    if any(k in stored and stored.get(k) != mine.get(k) for k in _PLAN_FIELDS):
+    if _changed_plan(run[0][1], config):
         return None
     plan = plan_episodes(config, run_id, tasks)
     if any(spec.episode_id not in done for spec in plan):
@@ -236,9 +241,7 @@ def _start_record(config: RolloutConfig, lake: Lake, run_id: str, planned: int) 
         return record, set()
     if not config.resume:
         raise RolloutError(f"run {run_id!r} already exists in {config.lake}: pass --resume to complete it, or choose another --run-id")
-    stored = json.loads(existing.get("config") or "{}")
-    mine = json.loads(config.to_json())
-    changed = [k for k in _PLAN_FIELDS if k in stored and stored.get(k) != mine.get(k)]
+    changed = _changed_plan(existing.get("config"), config)
     if changed:
         raise RolloutError(f"--resume of {run_id!r} with different {', '.join(changed)} than the run had: use the original options")
     return record.replace(started_at=existing.get("started_at") or record.started_at), lake.episode_ids(run_id)
