@@ -52,7 +52,7 @@ class LocalHTTPServer:
         self._httpd.shutdown()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        self.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
