@@ -154,6 +154,8 @@ class OnlineConfig(ServedLoopConfig):
     cover_choices: bool = _field(False, "With --group-by state and --constrain-actions: a state's group is the sampled action and the page's other choices, each once (the --candidates-per-state - 1 most likely), instead of that many draws; each is scored from the restored state, so every offered action is compared with the others. Not drawn from the policy, they are compared with the group's lowest score (grpo --state-baseline min), not its mean.")
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
+    epsilon: float = _field(0.2, "Lower clip range of each update's importance ratio against the stored logprobs (see halo-train grpo).")
+    epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28). Covered choices all carry advantages of 0 or more, so only this bound clips them.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
     replay_iterations: int = _field(1, "Each update reads the groups of this many latest iterations (this one included); --max-staleness still drops rows sampled by versions too old.")
     lr: float = _field(1e-5, "Learning rate of each update.")
@@ -176,6 +178,8 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError(f"--group-by {self.group_by} is not built yet: use --group-by episode")
         if self.beta < 0:
             raise OnlineError(f"--beta must be 0 (no KL) or positive, got {self.beta}")
+        if not 0 < self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high <= 0):
+            raise OnlineError(f"--epsilon must lie in (0, 1) and --epsilon-high be positive, got {self.epsilon} and {self.epsilon_high}")
         for name in ("group_size", "seeds_per_iteration", "max_episode_steps", "eval_seeds", "eval_attempts", "replay_iterations"):
             if int(getattr(self, name)) < 1:
                 raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -522,7 +526,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, batch_size=cfg.batch_size,
                 seed=cfg.seed + version,
                 params=_view_weights(cfg),
-                beta=cfg.beta,
+                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
             ))
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
             log.info("no update: %s", e)

@@ -229,6 +229,7 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     (["--serve", "--group-by", "step"], "Error: Invalid value for '--group-by'"),
     (["--serve", "--choice-labels"], "Error: --choice-labels labels the choices of constrained decoding: add --constrain-actions"),
     (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
+    (["--serve", "--epsilon-high", "0"], "Error: --epsilon must lie in (0, 1) and --epsilon-high be positive"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     from click.testing import CliRunner
@@ -295,7 +296,7 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
     tiny = str(build_tiny_model(tmp_path / "tiny"))
     cfg = online_config(tiny, tmp_path, serve=True, iterations=2, tasks=["click-button"], group_size=4,
                         seeds_per_iteration=2, constrain_actions=True, choice_labels=True, observation="elements",
-                        replay_iterations=2, max_staleness=1)
+                        replay_iterations=2, max_staleness=1, epsilon_high=0.28)
     summary = run_online(cfg, echo=lambda line: None)
 
     steps = query(cfg.lake, "select run_id, policy_version, parse_error, action, model_output, prompt, logprob_sum "
@@ -320,3 +321,5 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
         where = json.dumps(stats)
         runs = [f"online-k{j}" for j in range(it["iteration"] + 1)][-2:]
         assert all(r in where for r in runs), where[:500]
+        update = json.loads(query(cfg.lake, f"select config from runs where run_id = 'online-u{it['iteration'] + 1}'")[0]["config"])
+        assert (update["epsilon"], update["epsilon_high"]) == (0.2, 0.28)  # the clip range reaches each update
