@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replay-iterations", type=int, default=1, help="Iterations' groups each update reads (this one included).")
     ap.add_argument("--max-staleness", type=int, default=1, help="Rows at most this many versions older than the updated weights.")
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the base model.")
+    ap.add_argument("--choice-softmax", action=argparse.BooleanOptionalAction, default=False,
+                    help="Train each candidate's share of its state's choices, the distribution the engine draws from (see online-grpo).")
     ap.add_argument("--epsilon-high", type=float, help="Upper clip range of the importance ratio (default: the lower one, 0.2).")
     ap.add_argument("--seed", type=int, default=0, help="The loop's sampling and update seed (the start model and held-out seeds stay).")
     ap.add_argument("--train-seed-start", type=int, default=0, help="First train task seed (iteration k: + k x --seeds-per-iteration).")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         max_episode_steps=a.max_episode_steps, train_steps=a.train_steps, lr=a.lr, serve=True, eval_every=a.eval_every,
         seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
         choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
-        cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta, epsilon_high=a.epsilon_high,
+        cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta, epsilon_high=a.epsilon_high, choice_softmax=a.choice_softmax,
         reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, lora_alpha=a.lora_alpha, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, eval_temperature=a.eval_temperature, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),

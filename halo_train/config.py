@@ -281,6 +281,14 @@ class GRPOConfig(TrainConfig):
         "action towards probability 0 and collapse the policy onto the action right most often.",
         choices=STATE_BASELINES,
     )
+    choice_softmax: bool = _field(
+        False,
+        "With --group-by state: a candidate's probability is its share of its state's candidates, p(a) / sum of p(a') "
+        "over the group's distinct completions: the distribution a guided-choice engine draws from (online-grpo "
+        "--constrain-actions), where the raw sequence probability also counts text the page never offers. The ratio "
+        "and the gradient are that distribution's, so raising one choice lowers the page's other choices; each "
+        "batch holds --batch-size whole state groups.",
+    )
     epsilon: float = _field(0.2, "Lower clip range of the importance ratio (used where behaviour logprobs are stored).")
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28).")
     max_completion_length: int = _field(256, "Completion tokens kept per row; dr_grpo's constant normaliser.")
@@ -308,6 +316,8 @@ class GRPOConfig(TrainConfig):
             raise TrainConfigError(f"--state-baseline must be one of {', '.join(STATE_BASELINES)}, got {self.state_baseline!r}")
         if self.state_baseline != "mean" and self.group_by != "state":
             raise TrainConfigError(f"--state-baseline {self.state_baseline} compares the candidates of a state: add --group-by state")
+        if self.choice_softmax and self.group_by != "state":
+            raise TrainConfigError("--choice-softmax normalises over a state's candidates: add --group-by state")
         if not 0 < self.epsilon < 1:
             raise TrainConfigError(f"--epsilon must be in (0, 1), got {self.epsilon}")
         if self.epsilon_high is not None and self.epsilon_high <= 0:

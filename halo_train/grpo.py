@@ -62,6 +62,27 @@ is clipped to [1 - epsilon, 1 + epsilon_high] as in PPO/GRPO:
 loss_token = -min(r * A, clip(r) * A). Stored logprobs must come from the same
 tokenizer at temperature 1 (what vLLM reports for the sampled tokens).
 
+Choices (``--choice-softmax``, state groups). HALO's chat server draws a guided-choice
+answer from the page's choices in proportion to their sequence probabilities,
+renormalised over those choices (vLLM's grammar masks token by token, which this
+approximates); the raw sequence probability also counts text the page never
+offers (on click-button the choices held 0.04-1.5% of the tiny model's raw mass). The
+policy that acts is therefore pi_c(a) = p(a) / sum_a' p(a') over the state's
+candidates, and with ``--choice-softmax`` that is what is trained: each batch holds
+``--batch-size`` whole state groups, each candidate's behaviour share comes from
+the group's stored logprob_sums, and one ratio per candidate
+
+    r = exp(log pi_c,theta(a) - log pi_c,behaviour(a))
+
+is clipped as below; the loss is -min(r * A, clip(r) * A) summed over candidates
+and averaged over groups. Raising one choice then lowers the page's other choices in
+proportion to their share, the ones at advantage 0 included (they stay in the
+batch, in their group's normaliser), where the sequence loss mostly moves mass off
+text the page does not offer. Groups of covered choices (``online-grpo
+--cover-choices``) hold every choice a page offers up to ``--candidates-per-state``;
+past that the normaliser covers the most likely ones. positive_choice_share (the
+current share of candidates with a positive advantage) goes to train_metrics.
+
 Token aggregation (``--loss-type``, TRL's names): ``dr_grpo`` sums the token
 losses and divides by batch size x ``--max-completion-length`` (no length
 bias); ``grpo`` averages each sequence's tokens, then the sequences; ``bnpo``
@@ -335,6 +356,13 @@ class GRPOCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         if self.encoder is not None:
             return {**self.encoder.collate(self.encoder.encode(rows)), **self.scalars(rows)}
+        if rows and isinstance(rows[0]["advantage"], list):  # --choice-softmax: each item is one state's group
+            import torch
+
+            keys = ("input_ids", "completion_mask", "advantage", "logprob_sum", "episode_reward", "episode_group_std")
+            members = [dict(zip(keys, values)) for group in rows for values in zip(*(group[k] for k in keys))]
+            index = [g for g, group in enumerate(rows) for _ in group["advantage"]]
+            return {**pad_members(members, self.pad_token_id), **self.scalars(members), "group_index": torch.tensor(index)}
         return {**pad_members(rows, self.pad_token_id), **self.scalars(rows)}
 
     @staticmethod
@@ -405,6 +433,42 @@ def grpo_loss(
     return loss, stats
 
 
+def choice_softmax_loss(token_logps, completion_mask, group_index, advantage, behaviour_logprob, epsilon_low: float, epsilon_high: float):
+    """Clipped policy-gradient loss on each candidate's share of its state's candidates; returns (loss, stats).
+
+    A candidate's log-probability is log p(a) - log sum_a' p(a') over its group (``group_index``), the
+    distribution a guided-choice engine samples from; ``behaviour_logprob`` holds the same share under the
+    behaviour policy. One ratio per candidate (an action is one choice, however many tokens it has); the loss
+    is the clipped surrogate summed over candidates, averaged over groups. A candidate with advantage 0
+    still counts in its group's normaliser, so raising a better choice lowers it.
+    """
+    import torch
+
+    sequence_logp = (token_logps * completion_mask.to(token_logps.dtype)).sum(-1)
+    groups = int(group_index.max()) + 1
+    peak = torch.full((groups,), float("-inf"), dtype=sequence_logp.dtype, device=sequence_logp.device)
+    peak = peak.scatter_reduce(0, group_index, sequence_logp.detach(), reduce="amax")
+    total = torch.zeros_like(peak).index_add(0, group_index, torch.exp(sequence_logp - peak[group_index]))
+    choice_logp = sequence_logp - (peak + torch.log(total))[group_index]
+    ratio = torch.exp((choice_logp - behaviour_logprob).clamp(max=20.0))
+    clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    loss = -torch.min(ratio * advantage, clipped_ratio * advantage).sum() / groups
+
+    with torch.no_grad():
+        signal = advantage != 0
+        is_clipped = ((ratio < 1.0 - epsilon_low) & (advantage < 0)) | ((ratio > 1.0 + epsilon_high) & (advantage > 0))
+        positive = advantage > 0
+        stats = {
+            "clip_ratio": float(is_clipped[signal].float().mean()) if signal.any() else 0.0,
+            "importance_ratio_mean": float(ratio[signal].mean()) if signal.any() else 1.0,
+            "frac_rows_off_policy": 1.0,
+            "completion_length": float(completion_mask.sum(-1).float().mean()),
+            # The current policy's share of the choices that scored above their group's baseline.
+            "positive_choice_share": float(torch.exp(choice_logp[positive]).mean()) if positive.any() else 0.0,
+        }
+    return loss, stats
+
+
 def make_trainer_class():
     from transformers import Trainer
 
@@ -417,6 +481,7 @@ def make_trainer_class():
             super().__init__(*args, **kwargs)
             self.grpo = grpo
             self.frac_reward_zero_std = frac_reward_zero_std
+            self.clip_range = (grpo.epsilon, grpo.epsilon if grpo.epsilon_high is None else grpo.epsilon_high)
             self._metrics: dict[str, list[float]] = defaultdict(list)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -425,17 +490,13 @@ def make_trainer_class():
             from halo_train.vlm import completion_token_logps
 
             token_logps, completion_mask = completion_token_logps(model, inputs)
-            loss, stats = grpo_loss(
-                token_logps,
-                completion_mask,
-                inputs["advantage"].float(),
-                inputs["behaviour_logprob"].float(),
-                inputs["has_behaviour_logprob"].bool(),
-                loss_type=self.grpo.loss_type,
-                epsilon_low=self.grpo.epsilon,
-                epsilon_high=self.grpo.epsilon_high if self.grpo.epsilon_high is not None else self.grpo.epsilon,
-                max_completion_length=self.grpo.max_completion_length,
-            )
+            if "group_index" in inputs:
+                loss, stats = choice_softmax_loss(
+                    token_logps, completion_mask, inputs["group_index"], inputs["advantage"].float(),
+                    inputs["behaviour_logprob"].float(), *self.clip_range,
+                )
+            else:
+                loss, stats = self._sequence_loss(token_logps, completion_mask, inputs)
             if self.grpo.beta > 0:
                 kl = self._kl_to_reference(model, inputs, token_logps)
                 loss = loss + self.grpo.beta * kl
@@ -448,6 +509,19 @@ def make_trainer_class():
             self._metrics["advantage_mean"].append(float(adv.mean()))
             self._metrics["advantage_abs_mean"].append(float(adv.abs().mean()))
             return (loss, None) if return_outputs else loss
+
+        def _sequence_loss(self, token_logps, completion_mask, inputs):
+            return grpo_loss(
+                token_logps,
+                completion_mask,
+                inputs["advantage"].float(),
+                inputs["behaviour_logprob"].float(),
+                inputs["has_behaviour_logprob"].bool(),
+                loss_type=self.grpo.loss_type,
+                epsilon_low=self.clip_range[0],
+                epsilon_high=self.clip_range[1],
+                max_completion_length=self.grpo.max_completion_length,
+            )
 
         def _kl_to_reference(self, model, inputs, token_logps):
             """Mean per-token KL to the base model (adapter disabled) over completion tokens, k3 estimator (as TRL)."""
@@ -483,7 +557,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
     else:
         summary = training_members(rows, cfg.omega, cfg.scale_rewards, cfg.policy_version, cfg.max_staleness)
     zero_advantage = 0
-    if cfg.beta == 0:
+    if cfg.beta == 0 and not cfg.choice_softmax:  # --choice-softmax keeps them: they are in their group's normaliser
         # A row whose advantage is exactly 0 (the group's lowest under --state-baseline min, a score equal to its
         # group's mean) adds nothing to the policy gradient, and without a KL term nothing to the loss: it would
         # only take a batch slot from a row that teaches something.
@@ -503,21 +577,18 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
             + ("sample more candidates per state, at a higher temperature" if by_state
                else "collect more attempts per task, at a higher temperature")
         )
-    encoded = []
-    dropped = 0
-    for r in summary.members:
-        scalars = {"advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
-                   "episode_reward": r["reward"], "episode_group_std": r["group_std"]}
-        if vlm is not None:  # tokenised with its images when the batch is built
-            encoded.append({"prompt": r["prompt"], "completion": r["completion"], "screenshot_hash": r["screenshot_hash"], **scalars})
-            continue
-        enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length)
-        if cfg.max_length is not None and len(enc["input_ids"]) > cfg.max_length:
-            dropped += 1
-            continue
-        encoded.append({**enc, **scalars})
+    if cfg.choice_softmax:
+        if vlm is not None:
+            raise TrainConfigError("--choice-softmax is built for text base models; a vision-language base model trains without it")
+        encoded, dropped = choice_groups(summary.members, tokenizer, cfg)
+        if not encoded:
+            raise NoTrainingSignalError("no state group with two or more scored candidates and a reward spread for --choice-softmax")
+        behaviour_rows = sum(len(g["advantage"]) for g in encoded)
+    else:
+        encoded, dropped = _encode_members(summary.members, tokenizer, cfg, vlm)
+        behaviour_rows = sum(1 for r in encoded if r["logprob_sum"] is not None)
     if dropped:
-        log.warning("dropped %d rows longer than --max-length %d tokens", dropped, cfg.max_length)
+        log.warning("dropped %d %s longer than --max-length %d tokens", dropped, "state groups with a candidate" if cfg.choice_softmax else "rows", cfg.max_length)
     import pyarrow as pa
 
     dataset = to_dataset(pa.Table.from_pylist(encoded)) if encoded else to_dataset(pa.table({"input_ids": pa.array([], pa.list_(pa.int64()))}))
@@ -531,9 +602,62 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         "zero_advantage_rows": zero_advantage,
         "stale_rows": summary.stale_rows,
         "start_policy_version": summary.policy_version,
-        "rows_with_behaviour_logprobs": sum(1 for r in encoded if r["logprob_sum"] is not None),
+        "rows_with_behaviour_logprobs": behaviour_rows,
     }
     return dataset, dropped, extra
+
+
+def _encode_members(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig, vlm: dict[str, Any] | None):
+    """One training row per member; returns (rows, how many were longer than --max-length)."""
+    encoded = []
+    dropped = 0
+    for r in members:
+        scalars = {"advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
+                   "episode_reward": r["reward"], "episode_group_std": r["group_std"]}
+        if vlm is not None:  # tokenised with its images when the batch is built
+            encoded.append({"prompt": r["prompt"], "completion": r["completion"], "screenshot_hash": r["screenshot_hash"], **scalars})
+            continue
+        enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length)
+        if cfg.max_length is not None and len(enc["input_ids"]) > cfg.max_length:
+            dropped += 1
+            continue
+        encoded.append({**enc, **scalars})
+    return encoded, dropped
+
+
+def choice_groups(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig) -> tuple[list[dict[str, Any]], int]:
+    """--choice-softmax: one item per state group, each distinct completion once (equal completions share
+    the mean of their advantages), with its behaviour share log p(a) - log sum p(a') from the stored
+    logprob_sums. Groups missing a stored logprob, or with no spread left, are left out (logged);
+    returns (items, groups dropped for --max-length)."""
+    by_group: dict[Any, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
+    for m in members:
+        by_group[m["group_key"]].setdefault(m["completion"], []).append(m)
+    items, dropped, unscored = [], 0, 0
+    for same in by_group.values():
+        rows = [{**copies[0], "advantage": sum(c["advantage"] for c in copies) / len(copies)} for copies in same.values()]
+        if len(rows) < 2 or all(r["advantage"] == 0 for r in rows):
+            continue
+        if any(r["logprob_sum"] is None for r in rows):
+            unscored += 1
+            continue
+        encs = [tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length) for r in rows]
+        if cfg.max_length is not None and any(len(e["input_ids"]) > cfg.max_length for e in encs):
+            dropped += 1
+            continue
+        top = max(float(r["logprob_sum"]) for r in rows)
+        norm = top + math.log(sum(math.exp(float(r["logprob_sum"]) - top) for r in rows))
+        items.append({
+            "input_ids": [e["input_ids"] for e in encs],
+            "completion_mask": [e["completion_mask"] for e in encs],
+            "advantage": [float(r["advantage"]) for r in rows],
+            "logprob_sum": [float(r["logprob_sum"]) - norm for r in rows],
+            "episode_reward": [float(r["reward"]) for r in rows],
+            "episode_group_std": [float(r["group_std"]) for r in rows],
+        })
+    if unscored:
+        log.warning("%d state groups left out: a candidate has no stored logprob, which --choice-softmax needs", unscored)
+    return items, dropped
 
 
 def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, frac_reward_zero_std: float, encoder=None):

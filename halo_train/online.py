@@ -152,6 +152,7 @@ class OnlineConfig(ServedLoopConfig):
         "with the dense reward (state_groups; a state that does not reproduce is left out).", choices=GROUP_BY)
     candidates_per_state: int = _field(8, "With --group-by state: candidate actions sampled at each visited state, one group (at least 2); the episode goes on with the first.")
     cover_choices: bool = _field(False, "With --group-by state and --constrain-actions: a state's group is the sampled action and the page's other choices, each once (the --candidates-per-state - 1 most likely), instead of that many draws; each is scored from the restored state, so every offered action is compared with the others. Not drawn from the policy, they are compared with the group's lowest score (grpo --state-baseline min), not its mean.")
+    choice_softmax: bool = _field(False, "With --group-by state and --constrain-actions: train each candidate's share of its state's candidates, the distribution the engine draws a constrained answer from, not its raw sequence probability (halo-train grpo --choice-softmax); --batch-size then counts state groups.")
     loss_type: str = _field("dr_grpo", "Loss aggregation (see halo-train grpo).", choices=GRPO_LOSS_TYPES)
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
     epsilon: float = _field(0.2, "Lower clip range of each update's importance ratio against the stored logprobs (see halo-train grpo).")
@@ -202,6 +203,8 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--choice-labels labels the choices of constrained decoding: add --constrain-actions")
         if self.cover_choices and not (self.constrain_actions and self.group_by == "state"):
             raise OnlineError("--cover-choices makes each state's group of the page's choices: add --group-by state and --constrain-actions")
+        if self.choice_softmax and not (self.constrain_actions and self.group_by == "state"):
+            raise OnlineError("--choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.pipeline and self.max_staleness < 1:
@@ -526,7 +529,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, batch_size=cfg.batch_size,
                 seed=cfg.seed + version,
                 params=_view_weights(cfg),
-                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
             ))
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
             log.info("no update: %s", e)

@@ -113,6 +113,54 @@ def test_grpo_group_by_state_trains_on_the_fresh_state_groups(candidates_lake, u
     assert {"loss", "importance_ratio_mean", "clip_ratio"} <= metrics
 
 
+def test_choice_groups_hold_each_distinct_completion_once_with_its_behaviour_share(untrained_tiny):
+    from transformers import AutoTokenizer
+
+    from halo_train.config import GRPOConfig
+    from halo_train.grpo import choice_groups
+
+    prompt = '[{"role": "user", "content": "Goal: click Yes"}]'
+
+    def member(key, completion, advantage, logprob):
+        return {"group_key": key, "prompt": prompt, "completion": completion, "advantage": advantage,
+                "logprob_sum": logprob, "reward": advantage, "group_std": 0.5}
+
+    cfg = GRPOConfig(group_by="state", choice_softmax=True, lake="lake", base_model="m")
+    items, dropped = choice_groups([
+        member("a", "# 'Yes'\nclick('1')", 1.0, -2.0), member("a", "# textbox\nclick('2')", 0.0, -3.0),
+        member("a", "# 'Yes'\nclick('1')", 0.5, -2.0),                              # drawn twice: one choice
+        member("b", "# 'No'\nclick('4')", 0.0, -1.0), member("b", "# 'Ok'\nclick('5')", 0.0, -1.0),  # no spread
+        member("c", "# 'Ok'\nclick('5')", 1.0, -1.0), member("c", "# textbox\nclick('6')", 0.0, None),  # unscored
+    ], AutoTokenizer.from_pretrained(untrained_tiny), cfg)
+    assert dropped == 0 and len(items) == 1
+    (item,) = items
+    assert item["advantage"] == [0.75, 0.0] and len(item["input_ids"]) == 2
+    norm = math.log(math.exp(-2.0) + math.exp(-3.0))
+    assert item["logprob_sum"] == pytest.approx([-2.0 - norm, -3.0 - norm])
+    assert sum(math.exp(x) for x in item["logprob_sum"]) == pytest.approx(1.0)
+
+
+def test_grpo_choice_softmax_trains_whole_state_groups(candidates_lake, untrained_tiny, tmp_path):
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from halo_train.cli import main
+
+    out = tmp_path / "grpo"
+    result = CliRunner().invoke(main, [
+        "grpo", "--group-by", "state", "--state-baseline", "min", "--choice-softmax", "--lake", candidates_lake,
+        "--base-model", untrained_tiny, "--output-dir", str(out), "--where", "episode_id = 'e1'", "--max-steps", "2",
+        "--lr", "0.01", "--run-id", "grpo-choice"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "final" / "training_stats.json").read_text())
+    # s0's four candidates are one item: the one at the group's minimum stays, in its group's normaliser.
+    assert (stats["skipped_rows"], stats["zero_advantage_rows"], stats["rows"], stats["rows_with_behaviour_logprobs"]) == (3, 0, 1, 4)
+    weights = load_file(str(out / "final" / "adapter_model.safetensors"))
+    assert any(float(w.abs().max()) > 0 for k, w in weights.items() if "lora_B" in k)
+    metrics = {r["metric"]: r["value"] for r in query(candidates_lake, "select metric, value from train_metrics where run_id = 'grpo-choice'")}
+    assert 0 < metrics["positive_choice_share"] < 1 and metrics["frac_rows_off_policy"] == 1.0
+
+
 @pytest.mark.parametrize("extra, rows, zero_rows", [
     ([], 2, 2),                   # s0 [1, 0, .5, .5] against its mean .5: the two .5 rows carry no gradient
     (["--beta", "0.1"], 4, 0),    # with a KL term every row of a spread state still counts
@@ -315,6 +363,9 @@ def test_covering_the_choices_groups_each_offered_action_once_per_state(tiny, tm
      "Error: --state-baseline min compares the candidates of a state: add --group-by state"),
     (["online-grpo", "--serve", "--cover-choices", "--constrain-actions"],
      "Error: --cover-choices makes each state's group of the page's choices: add --group-by state and --constrain-actions"),
+    (["grpo", "--choice-softmax"], "Error: --choice-softmax normalises over a state's candidates: add --group-by state"),
+    (["online-grpo", "--serve", "--group-by", "state", "--choice-softmax"],
+     "Error: --choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions"),
     (["grpo", "--group-by", "state", "--view", "grpo_groups"],
      "Error: grpo reads the state_groups view (its group columns) with --group-by state; got --view grpo_groups: "
      "pass --group-by episode instead"),

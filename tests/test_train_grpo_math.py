@@ -151,3 +151,35 @@ def test_importance_ratio_is_clipped_against_the_behaviour_policy():
     assert token_logps.grad[1, 0].item() == pytest.approx(1.0 / 8)
     assert stats["clip_ratio"] == 0.5 and stats["frac_rows_off_policy"] == 1.0
     assert stats["importance_ratio_mean"] == pytest.approx((math.exp(0.5) + 1.0) / 2, rel=1e-6)
+
+
+def test_the_choice_softmax_loss_is_the_policy_gradient_of_each_states_choice_distribution():
+    from halo_train.grpo import choice_softmax_loss
+
+    # Two states: [right, wrong, textbox] and [right, other]; sequence log-probs as the model gives them
+    # (most of the raw mass lies outside the page's choices: they sum to far below 1).
+    seq = torch.tensor([-4.0, -6.0, -5.0, -3.0, -3.5], dtype=torch.float64, requires_grad=True)
+    def tokens():  # two completion tokens each
+        return torch.stack([seq / 2, seq / 2], dim=1)
+
+    mask = torch.ones(5, 2)
+    group = torch.tensor([0, 0, 0, 1, 1])
+    adv = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    share = torch.cat([torch.softmax(seq[:3], 0), torch.softmax(seq[3:], 0)]).detach()
+    behaviour = torch.log(share)  # on-policy: every ratio is 1
+    loss, stats = choice_softmax_loss(tokens(), mask, group, adv, behaviour, 0.2, 0.2)
+    assert float(loss.detach()) == pytest.approx(-(1.0 + 1.0) / 2)
+    loss.backward()
+    # d loss / d log p(a) = -(A_a - share_a * sum_b A_b) / groups: the right choice rises, and every other
+    # choice of its page falls in proportion to its share, advantage 0 or not.
+    want = -(adv - share * torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)) / 2
+    assert torch.allclose(seq.grad, want)
+    assert seq.grad[1] > 0 and seq.grad[2] > 0 and seq.grad[0] < 0
+    assert stats["positive_choice_share"] == pytest.approx(float((share[0] + share[3]) / 2))
+    assert stats["importance_ratio_mean"] == pytest.approx(1.0) and stats["clip_ratio"] == 0.0
+    # Past 1 + epsilon the positive row is clipped and carries no gradient.
+    seq.grad = None
+    loss, stats = choice_softmax_loss(tokens(), mask, group, adv, behaviour - 1.0, 0.2, 0.2)
+    loss.backward()
+    assert stats["clip_ratio"] == 1.0 and torch.all(seq.grad == 0)
+
