@@ -66,7 +66,7 @@ Choices (``--choice-softmax``, state groups). HALO's chat server draws a guided-
 answer from the page's choices in proportion to their sequence probabilities,
 renormalised over those choices (vLLM's grammar masks token by token, which this
 approximates); the raw sequence probability also counts text the page never
-offers (on click-button the choices held 0.04-1.5% of the tiny model's raw mass). The
+offers (on click-button the choices held 0.01-0.9% of the tiny model's raw mass). The
 policy that acts is therefore pi_c(a) = p(a) / sum_a' p(a') over the state's
 candidates, and with ``--choice-softmax`` that is what is trained: each batch holds
 ``--batch-size`` whole state groups, each candidate's behaviour share comes from
