@@ -3,6 +3,7 @@
     .venv/bin/python -m bench choice-probe --workdir WORKDIR
     .venv/bin/python -m bench choice-probe --workdir WORKDIR --lora-r 64 --lora-alpha 64 --lr 2e-3
     .venv/bin/python -m bench choice-probe --workdir WORKDIR --full --lr 1e-3
+    .venv/bin/python -m bench choice-probe --workdir WORKDIR --loss choice
 
 WORKDIR is a ``python -m bench online ... --group-by state --cover-choices`` workdir: its lake's ``state_groups``
 hold every choice each visited page offered, scored from the restored state, and ``WORKDIR/tiny`` is the start
@@ -12,6 +13,11 @@ seeds are only evaluated on. It then fine-tunes the start model (a fresh LoRA ad
 cross-entropy on a right choice of ``--batch-size`` states drawn at random from the training states, and every
 ``--eval-every`` steps prints the held-out arg-max accuracy (the choice with the highest log pi(choice + EOS |
 prompt) is a right one) and the mean probability of the right choices among the offered ones.
+
+``--loss sequence`` (the default) is cross-entropy on the right choice's whole sequence, over the vocabulary: what
+GRPO's sequence loss pushes. ``--loss choice`` is cross-entropy over the state's offered choices only (-log of the
+right choices' share of them): what ``--choice-softmax`` pushes. Comparing the two on the same states says whether
+training the share alone learns a match that carries over to unseen pages as well as training the raw sequence does.
 
 What it separates: an online loop that stays at chance on which choice is right either cannot deliver the signal
 (too few distinct states per update, too few steps) or the model cannot learn the match at all. This trains on the
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--max-held-out", type=int, default=200, help="Held-out states evaluated (the first N).")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss", choices=("sequence", "choice"), default="sequence",
+                    help="sequence: cross-entropy on the right choice's tokens; choice: on its share of the offered choices.")
     a = ap.parse_args(argv)
 
     work = Path(a.workdir)
@@ -138,14 +146,19 @@ def main(argv: list[str] | None = None) -> None:
 
     chance = sum(len(s["right"]) / len(s["choices"]) for s in held) / len(held)
     print(f"{len(train)} training states, {len(held)} held-out states (chance {chance:.2f}); "
-          f"{'full fine-tune' if a.full else f'LoRA r {a.lora_r} alpha {a.lora_alpha}'}, lr {a.lr}, batches of {a.batch_size}", flush=True)
+          f"{'full fine-tune' if a.full else f'LoRA r {a.lora_r} alpha {a.lora_alpha}'}, lr {a.lr}, batches of {a.batch_size}, "
+          f"{a.loss} loss", flush=True)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0)
     t0 = time.perf_counter()
     curve = [{"step": 0, "heldout_accuracy": (first := evaluate(held))[0], "heldout_p_right": first[1], "seconds": 0.0}]
     print(f"{'step':>6} {'held-out accuracy':>18} {'P(right)':>9} {'seconds':>8}\n{0:>6} {first[0]:>18.2f} {first[1]:>9.2f} {0:>8.0f}", flush=True)
     for step in range(1, a.steps + 1):
         batch = rng.sample(train, a.batch_size)
-        loss = -logprob_sums([s["enc"][rng.choice(s["right"])] for s in batch]).mean()
+        if a.loss == "sequence":
+            loss = -logprob_sums([s["enc"][rng.choice(s["right"])] for s in batch]).mean()
+        else:  # -log of the right choices' share of the page's offered choices, averaged over states
+            lps = logprob_sums([m for s in batch for m in s["enc"]]).split([len(s["enc"]) for s in batch])
+            loss = -torch.stack([torch.logsumexp(lp[s["right"]], 0) - torch.logsumexp(lp, 0) for lp, s in zip(lps, batch)]).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
