@@ -16,8 +16,9 @@ prompt) is a right one) and the mean probability of the right choices among the 
 
 ``--loss sequence`` (the default) is cross-entropy on the right choice's whole sequence, over the vocabulary: what
 GRPO's sequence loss pushes. ``--loss choice`` is cross-entropy over the state's offered choices only (-log of the
-right choices' share of them): what ``--choice-softmax`` pushes. Comparing the two on the same states says whether
-training the share alone learns a match that carries over to unseen pages as well as training the raw sequence does.
+right choices' share of them): what ``--choice-softmax`` pushes. ``--loss both`` is their sum. Comparing them on
+the same states says whether training the share alone learns a match that carries over to unseen pages as well as
+training the raw sequence does.
 
 What it separates: an online loop that stays at chance on which choice is right either cannot deliver the signal
 (too few distinct states per update, too few steps) or the model cannot learn the match at all. This trains on the
@@ -93,8 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--max-held-out", type=int, default=200, help="Held-out states evaluated (the first N).")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--loss", choices=("sequence", "choice"), default="sequence",
-                    help="sequence: cross-entropy on the right choice's tokens; choice: on its share of the offered choices.")
+    ap.add_argument("--loss", choices=("sequence", "choice", "both"), default="sequence",
+                    help="sequence: cross-entropy on the right choice's tokens; choice: on its share of the offered "
+                         "choices; both: their sum.")
     a = ap.parse_args(argv)
 
     work = Path(a.workdir)
@@ -154,11 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'step':>6} {'held-out accuracy':>18} {'P(right)':>9} {'seconds':>8}\n{0:>6} {first[0]:>18.2f} {first[1]:>9.2f} {0:>8.0f}", flush=True)
     for step in range(1, a.steps + 1):
         batch = rng.sample(train, a.batch_size)
+        picks = [rng.choice(s["right"]) for s in batch] if a.loss != "choice" else []
         if a.loss == "sequence":
-            loss = -logprob_sums([s["enc"][rng.choice(s["right"])] for s in batch]).mean()
+            loss = -logprob_sums([s["enc"][i] for s, i in zip(batch, picks)]).mean()
         else:  # -log of the right choices' share of the page's offered choices, averaged over states
             lps = logprob_sums([m for s in batch for m in s["enc"]]).split([len(s["enc"]) for s in batch])
             loss = -torch.stack([torch.logsumexp(lp[s["right"]], 0) - torch.logsumexp(lp, 0) for lp, s in zip(lps, batch)]).mean()
+            if a.loss == "both":
+                loss = loss - torch.stack([lp[i] for lp, i in zip(lps, picks)]).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
