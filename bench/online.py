@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (scale = alpha / r).")
+    ap.add_argument("--lora-dropout", type=float, default=0.0,
+                    help="LoRA dropout of the loop's updates (runs before 2026-11-27 trained with 0.05).")
     ap.add_argument("--warmup-seeds", type=int, default=8)
     ap.add_argument("--warmup-attempts", type=int, default=8, help="The random policy's attempts per warm-up task seed.")
     ap.add_argument("--warmup-steps", type=int, default=60)
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         seeds_per_iteration=a.seeds_per_iteration, constrain_actions=a.constrain_actions, observation=a.observation,
         choice_labels=a.choice_labels, group_by=a.group_by, candidates_per_state=a.candidates_per_state,
         cover_choices=a.cover_choices, replay_iterations=a.replay_iterations, max_staleness=a.max_staleness, beta=a.beta, epsilon_high=a.epsilon_high, choice_softmax=a.choice_softmax,
-        reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, lora_alpha=a.lora_alpha, batch_size=a.batch_size,
+        reward_config=None if a.reward_config == "default" else a.reward_config, lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout, batch_size=a.batch_size,
         eval_seeds=a.eval_seeds, eval_attempts=a.eval_attempts, eval_temperature=a.eval_temperature, seed=a.seed, train_seed_start=a.train_seed_start, lake=lake, output_dir=str(work / "out"),
         run_id="online", resume=(work / "out" / "online_run.json").exists(),
     )

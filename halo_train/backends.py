@@ -117,18 +117,23 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
             f"--target-modules {', '.join(missing)} not found in {name}: choose among its linear layers, e.g. q_proj,v_proj"
         )
     if cfg.init_adapter:
-        return LoadedModel(_warm_start(model, cfg.init_adapter), tokenizer, "peft")
+        return LoadedModel(_warm_start(model, cfg.init_adapter, cfg.lora_dropout), tokenizer, "peft")
     model = get_peft_model(model, lora_config(cfg))
     log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
     return LoadedModel(model, tokenizer, "peft")
 
 
-def _warm_start(model, adapter_dir: str):
-    """``model`` with the adapter in ``adapter_dir`` attached and trainable (its saved weights, rank and targets)."""
-    from peft import PeftModel
+def _warm_start(model, adapter_dir: str, lora_dropout: float):
+    """``model`` with the adapter in ``adapter_dir`` attached and trainable: its saved weights, rank and targets, and
+    this job's ``lora_dropout`` (dropout is how a job trains, not part of what the adapter computes)."""
+    from peft import PeftConfig, PeftModel
 
+    path = str(Path(adapter_dir).expanduser())
     try:
-        model = PeftModel.from_pretrained(model, str(Path(adapter_dir).expanduser()), is_trainable=True)
+        config = PeftConfig.from_pretrained(path)
+        if hasattr(config, "lora_dropout"):
+            config.lora_dropout = float(lora_dropout)
+        model = PeftModel.from_pretrained(model, path, config=config, is_trainable=True)
     except (OSError, ValueError, RuntimeError) as e:
         raise TrainConfigError(f"cannot load --init-adapter {adapter_dir}: {str(e).splitlines()[0]}") from None
     log.info("warm start from adapter %s", adapter_dir)

@@ -142,7 +142,8 @@ def _update(cfg: MCTSConfig, search_run: str, served: Served, run_id: str) -> tu
     result = train_dpo(DPOConfig(
         lake=cfg.lake, base_model=cfg.base_model, init_adapter=served.path, output_dir=str(staging),
         run_id=f"{run_id}-u{version}", source="mcts", where=f"run_id = '{search_run}'", max_steps=cfg.train_steps,
-        lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, batch_size=cfg.batch_size, seed=cfg.seed + version,
+        lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        batch_size=cfg.batch_size, seed=cfg.seed + version,
     ))
     final = Path(cfg.output_dir) / f"policy-{version}"
     (staging / "final").rename(final)

@@ -96,6 +96,7 @@ class ServedLoopConfig:
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per optimizer step.")
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch during each update (0: the update's importance ratios compare the function that sampled, not a dropped-out one).")
     temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
     max_tokens: int = _field(64, "Most tokens an action may take.")
     coordinate_scale: float | None = _field(
@@ -130,6 +131,8 @@ class ServedLoopConfig:
         for name in ("iterations", "train_steps", "max_tokens", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.lora_dropout < 1:
+            raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -526,7 +529,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
                 run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
                 state_baseline="min" if cfg.cover_choices else "mean",
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
-                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, batch_size=cfg.batch_size,
+                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, batch_size=cfg.batch_size,
                 seed=cfg.seed + version,
                 params=_view_weights(cfg),
                 beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,

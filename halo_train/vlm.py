@@ -89,7 +89,7 @@ def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
     if cfg.init_adapter:
         from halo_train.backends import _warm_start
 
-        model = _warm_start(model, cfg.init_adapter)
+        model = _warm_start(model, cfg.init_adapter, cfg.lora_dropout)
     else:
         # An explicit regex of full names: peft would otherwise also match the vision tower's
         # gate/up/down projections (Qwen2.5-VL, Qwen3-VL) by suffix.

@@ -63,6 +63,8 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(tiny, tmp_path
     assert one.keys() == two.keys()
     adapter = json.loads((out / "policy-1" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (cfg.lora_r, 16)
+    # Updates train without LoRA dropout (the online default), policy-2's too, warm-started from policy-1's folder.
+    assert [json.loads((out / p / "adapter_config.json").read_text())["lora_dropout"] for p in ("policy-1", "policy-2")] == [0.0, 0.0]
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
     # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
     assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
@@ -230,6 +232,7 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     (["--serve", "--choice-labels"], "Error: --choice-labels labels the choices of constrained decoding: add --constrain-actions"),
     (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
     (["--serve", "--epsilon-high", "0"], "Error: --epsilon must lie in (0, 1) and --epsilon-high be positive"),
+    (["--serve", "--lora-dropout", "1"], "Error: --lora-dropout must be in [0, 1), got 1.0"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     from click.testing import CliRunner
