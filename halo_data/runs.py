@@ -39,7 +39,8 @@ PROVENANCE_PACKAGES = (
     "halo", "agisdk", "playwright", "miniwob", "deltalake", "duckdb", "pyarrow", "openai",
     "transformers", "torch", "peft", "trl", "datasets", "accelerate", "unsloth",
 )
-_SECRET_NAME = re.compile(r"(key|token|secret|password|passwd|authorization)", re.IGNORECASE)
+# "token" but not "tokens": max_tokens, prompt_tokens and the like are counts, not credentials.
+_SECRET_NAME = re.compile(r"(key|token(?!s)|secret|password|passwd|authorization)", re.IGNORECASE)
 _SECRET_VALUE = re.compile(
     r"\b(sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|Bearer\s+\S+|(?:AKIA|ASIA)[A-Z0-9]{16})"
     # the user:password part of a URI (s3://KEY:SECRET@bucket/lake, https://user:pass@host)

@@ -41,6 +41,11 @@ def test_a_run_row_hides_secrets_in_config_command_and_provenance():
     assert row["command"] == "halo-agent rollout --api-key '[REDACTED]' '--hf-token=[REDACTED]' --tasks a"
     assert row["command"] == redact_argv(record.command)
     assert RunRecord(run_id="r1", kind="train", command=f"halo-train bc --note {key}").row()["command"] == "halo-train bc --note [REDACTED]"
+    # Token counts are not tokens: a loop's config keeps its max_tokens, a command its --max-tokens.
+    counts = RunRecord(run_id="r2", kind="train", config={"max_tokens": 64, "auth_token": "abc"},
+                       command=["halo-train", "online-grpo", "--max-tokens", "64", "--hf-token", "abc"]).row()
+    assert json.loads(counts["config"]) == {"max_tokens": 64, "auth_token": "[REDACTED]"}
+    assert counts["command"] == "halo-train online-grpo --max-tokens 64 --hf-token '[REDACTED]'"
 
 
 @pytest.mark.parametrize(
