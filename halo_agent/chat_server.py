@@ -23,10 +23,12 @@ client (``halo_agent.serving.EngineClient``) drives either engine. Image parts a
 vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, e.g. ``halo-train make-tiny-model --vision``) sees them
 through its processor, as vLLM serves it, and a text model sees ``<image>`` where they stood.
 
-A guided-choice request is answered with one of the choices, drawn by its sequence
-log-probability under the model (choice tokens, then EOS: what the GRPO trainer scores
-for the same completion) with the temperature applied; its logprobs list every choice
-token and the EOS, so a stored ``logprob_sum`` is the trainer's log pi(completion + EOS).
+A guided-choice request is answered with one of the choices, drawn as vLLM's structured output
+draws it: each decoding step masked to the tokens that continue an allowed choice, sampled from the
+renormalised distribution at the temperature (so only the places where the choices part decide;
+``--choice-draw sequence`` draws by whole-sequence probability instead). Its logprobs list every
+choice token and the EOS under the model's raw distribution (choice tokens, then EOS: what the GRPO
+trainer scores for the same completion), so a stored ``logprob_sum`` is the trainer's log pi(completion + EOS).
 
 It is meant for tests and small local models; use vLLM for anything large.
 """
@@ -47,7 +49,7 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
-from halo_agent.policies.hf_policy import AdapterNotFoundError, LocalChatModel, ModelLoadError
+from halo_agent.policies.hf_policy import CHOICE_DRAWS, AdapterNotFoundError, LocalChatModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 = any free port)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
     parser.add_argument("--max-tokens-limit", type=int, default=1024)
+    parser.add_argument("--choice-draw", choices=CHOICE_DRAWS, default="token",
+                        help="how a guided choice is drawn: token (masked step by step, as vLLM) | sequence (in proportion "
+                             "to each choice's whole-sequence probability, this server's draw before 2026-11-27)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")
@@ -375,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         adapters[name] = path
 
     def build() -> ChatCompletionServer:
-        engine = LocalChatModel(args.model, adapters=adapters, device=args.device)
+        engine = LocalChatModel(args.model, adapters=adapters, device=args.device, choice_draw=args.choice_draw)
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,

@@ -13,6 +13,7 @@ import dataclasses
 import http.server
 import io
 import json
+import math
 import socket
 import threading
 import urllib.error
@@ -447,6 +448,62 @@ def test_guided_choice_answers_only_allowed_choices_with_the_trainers_logprobs(s
     # Without the answer the model prefers, it still answers only what is allowed.
     others = _post(server, {**body, "structured_outputs": {"choice": CHOICES[1:]}})[1]["choices"]
     assert {c["message"]["content"] for c in others} <= set(CHOICES[1:])
+
+
+def test_masked_choice_draw_weighs_only_the_tokens_where_choices_part():
+    import math
+
+    from halo_agent.policies.hf_policy import greedy_masked_choice, masked_choice_logprobs
+
+    eos = 0
+    # "# textbox / click(..)" against two labelled buttons, in miniature: the first token parts 1 from 2; after 1
+    # the choices part again (5 or 6); after 2 every token is forced, however unlikely the raw model finds it.
+    completions = [[1, 5, eos], [1, 6, eos], [2, 7, 8, eos]]
+    raw = [[math.log(0.3), math.log(0.1), math.log(0.9)],
+           [math.log(0.3), math.log(0.3), math.log(0.9)],
+           [math.log(0.6), math.log(1e-4), math.log(1e-3), math.log(0.5)]]
+    probs = [math.exp(x) for x in masked_choice_logprobs(completions, raw)]
+    assert probs == pytest.approx([1 / 3 * 1 / 4, 1 / 3 * 3 / 4, 2 / 3])
+    assert sum(probs) == pytest.approx(1.0)
+    # By whole-sequence probability the third choice would be the least likely by far (6e-8 against 0.027).
+    assert max(range(3), key=lambda i: sum(raw[i])) == 1
+    assert greedy_masked_choice(completions, raw) == 2
+    # A forced token weighs nothing: make it more or less likely and the draw stays.
+    raw[2][1] = math.log(0.9)
+    assert [math.exp(x) for x in masked_choice_logprobs(completions, raw)] == pytest.approx(probs)
+    # The temperature applies where the choices part: very hot, each branch is a coin.
+    assert [math.exp(x) for x in masked_choice_logprobs(completions, raw, temperature=1e6)] == pytest.approx(
+        [0.25, 0.25, 0.5], abs=1e-4)
+
+
+def test_the_server_draws_a_guided_choice_as_vllm_masks_it_not_by_sequence_probability(server, tiny_models):
+    from halo_agent.policies.hf_policy import masked_choice_logprobs
+
+    # The base model answers click('12'): its digit 2 is likely, the words after it that only one choice carries
+    # are not. Masked step by step (vLLM), those forced words weigh nothing; by sequence they sink the choice.
+    choices = ["click('12') # then a long comment the model never saw", "click('14')"]
+    drawn = []
+    for seed in range(10):  # 160 draws, 16 (the server's most) a request
+        body = {"model": "tiny", "messages": TEXT_MESSAGES, "n": 16, "temperature": 1.0, "seed": seed,
+                "structured_outputs": {"choice": choices}}
+        drawn += [c["message"]["content"] for c in _post(server, body)[1]["choices"]]
+    engine = server.engine
+    prompt_ids, _ = engine.chat_prompt(TEXT_MESSAGES)
+    completions = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id] for c in choices]
+    with torch.inference_mode(), engine.model.disable_adapter():
+        raw = engine._score(prompt_ids, completions)
+    masked = [math.exp(x) for x in masked_choice_logprobs(completions, raw)]
+    by_sequence = torch.softmax(torch.tensor([sum(r) for r in raw]), 0).tolist()
+    assert masked[0] > 0.8 and by_sequence[0] < 0.01  # the two draws disagree here
+    assert drawn.count(choices[0]) / len(drawn) == pytest.approx(masked[0], abs=0.08)
+    greedy = {"model": "tiny", "messages": TEXT_MESSAGES, "temperature": 0, "structured_outputs": {"choice": choices}}
+    assert _post(server, greedy)[1]["choices"][0]["message"]["content"] == choices[0]
+    # The draw this server made before (--choice-draw sequence) takes the whole sequence's probability.
+    base_dir, _ = tiny_models
+    sequence_engine = LocalChatModel(base_dir, device="cpu", choice_draw="sequence")
+    batch = sequence_engine.choose(TEXT_MESSAGES, choices, n=50, temperature=1.0, seed=3)
+    assert [g.text for g in batch.generations].count(choices[1]) >= 48
+    assert sequence_engine.choose(TEXT_MESSAGES, choices, temperature=0).generations[0].text == choices[1]
 
 
 @pytest.mark.parametrize("extra, message", [

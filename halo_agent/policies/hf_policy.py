@@ -95,6 +95,58 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+CHOICE_DRAWS = ("token", "sequence")
+
+
+def _branches(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]]) -> dict[tuple[int, ...], dict[int, float]]:
+    """For every prefix the choices share: the tokens allowed next and each one's raw logprob there (the same for
+    every choice with that prefix, since the model saw the same context)."""
+    nodes: dict[tuple[int, ...], dict[int, float]] = {}
+    for tokens, lps in zip(completions, token_logprobs):
+        for j, (token, lp) in enumerate(zip(tokens, lps)):
+            nodes.setdefault(tuple(tokens[:j]), {})[token] = float(lp)
+    return nodes
+
+
+def masked_choice_logprobs(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]],
+                           temperature: float = 1.0) -> list[float]:
+    """Each choice's log-probability when decoding is masked, step by step, to the tokens that continue an allowed
+    choice and sampled at ``temperature`` (vLLM's guided choice): the sum, over the places where the choices part,
+    of the chosen token's share of the allowed ones. A token every remaining choice shares is forced (log 1).
+    The results are the log-probabilities of one distribution over the choices (they sum to 1 in probability)."""
+    import math
+
+    nodes = _branches(completions, token_logprobs)
+    out = []
+    for tokens in completions:
+        total = 0.0
+        for j, token in enumerate(tokens):
+            allowed = nodes[tuple(tokens[:j])]
+            if len(allowed) > 1:
+                scaled = {t: lp / temperature for t, lp in allowed.items()}
+                top = max(scaled.values())
+                total += scaled[token] - top - math.log(sum(math.exp(v - top) for v in scaled.values()))
+        out.append(total)
+    return out
+
+
+def greedy_masked_choice(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]]) -> int:
+    """The choice greedy decoding under the mask reaches (temperature 0 in vLLM's guided choice): the most likely
+    allowed token at each place where the choices part (the first choice's on a tie)."""
+    nodes = _branches(completions, token_logprobs)
+    prefix: tuple[int, ...] = ()
+    index = {tuple(tokens): i for i, tokens in reversed(list(enumerate(completions)))}
+    while prefix not in index:
+        allowed = nodes[prefix]
+        best = max(allowed.values())
+        order = {}
+        for tokens in completions:  # ties go to the token of the earliest choice, as choices are listed
+            if tuple(tokens[:len(prefix)]) == prefix and len(tokens) > len(prefix):
+                order.setdefault(tokens[len(prefix)], len(order))
+        prefix = prefix + (min((t for t, lp in allowed.items() if lp == best), key=order.__getitem__),)
+    return index[prefix]
+
+
 class LocalChatModel:
     """A causal LM from a local folder, sampling chat completions; thread-safe (one generation at a time).
 
@@ -108,12 +160,16 @@ class LocalChatModel:
         adapters: Mapping[str, str | os.PathLike[str]] | None = None,
         device: str | None = "auto",
         dtype: str | None = None,
+        choice_draw: str = "token",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from halo_agent.vlm import is_vlm, load_processor, load_vlm
 
+        if choice_draw not in CHOICE_DRAWS:
+            raise ValueError(f"choice_draw must be one of {', '.join(CHOICE_DRAWS)}, got {choice_draw!r}")
+        self.choice_draw = choice_draw
         self.model_path = str(model_path)
         self.device = resolve_device(device)
         if dtype in (None, "", "auto"):
@@ -300,11 +356,19 @@ class LocalChatModel:
         seed: int | None = None,
         adapter: str | None = None,
     ) -> GenerationBatch:
-        """Sample ``n`` of ``choices`` by their sequence log-probability under the model (vLLM's guided choice).
+        """Sample ``n`` of ``choices`` as vLLM's guided choice does (``choice_draw="token"``, the default).
 
-        A choice is scored as the trainer scores a completion: its tokens, then EOS, after the prompt. It is
-        drawn with probability proportional to exp(log p / temperature) (temperature 0: the most likely one);
-        each generation carries the choice's per-token logprobs, EOS last, under the model's raw distribution.
+        vLLM's structured output masks each decoding step to the tokens that continue some allowed choice and
+        samples from the renormalised distribution at the temperature: a token every remaining choice shares is
+        forced and weighs nothing, and the draw is decided where the choices part (:func:`masked_choice_logprobs`;
+        temperature 0 takes the most likely token at each such place, :func:`greedy_masked_choice`).
+        ``choice_draw="sequence"`` draws a choice in proportion to exp(log p / temperature) of its whole sequence
+        instead (temperature 0: the most likely sequence), as this server did before; there, tokens that only
+        some choices carry (a line break, a format word) weigh as much as the ones that tell choices apart.
+
+        A choice is scored as the trainer scores a completion: its tokens, then EOS, after the prompt. Each
+        generation carries the choice's per-token logprobs, EOS last, under the model's raw distribution (before
+        masking and temperature, as vLLM reports them by default), so a stored ``logprob_sum`` is the trainer's.
         """
         import torch
 
@@ -318,13 +382,18 @@ class LocalChatModel:
                 raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
             with torch.inference_mode(), self._adapter_context(adapter):
                 token_logprobs = self._score(prompt_ids, completions)
-        totals = torch.tensor([sum(lps) for lps in token_logprobs], dtype=torch.float64)
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         if temperature > 0:
-            probs = torch.softmax(totals / float(temperature), dim=0)
+            if self.choice_draw == "token":
+                scores = masked_choice_logprobs(completions, token_logprobs, float(temperature))
+            else:
+                scores = [sum(lps) / float(temperature) for lps in token_logprobs]
+            probs = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)
             picks = torch.multinomial(probs, int(n), replacement=True, generator=generator).tolist()
+        elif self.choice_draw == "token":
+            picks = [greedy_masked_choice(completions, token_logprobs)] * int(n)
         else:
-            picks = [int(totals.argmax())] * int(n)
+            picks = [max(range(len(choices)), key=lambda i: sum(token_logprobs[i]))] * int(n)
         generations = [
             Generation(text=choices[i], token_ids=completions[i], tokens=[self.tokenizer.decode([t]) for t in completions[i]],
                        logprobs=token_logprobs[i], finish_reason="stop")
