@@ -133,17 +133,12 @@ def masked_choice_logprobs(completions: Sequence[Sequence[int]], token_logprobs:
 def greedy_masked_choice(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]]) -> int:
     """The choice greedy decoding under the mask reaches (temperature 0 in vLLM's guided choice): the most likely
     allowed token at each place where the choices part (the first choice's on a tie)."""
-    nodes = _branches(completions, token_logprobs)
+    nodes = _branches(completions, token_logprobs)  # each node's tokens in the order the choices are listed
+    index = {tuple(tokens): i for i, tokens in enumerate(completions)}
     prefix: tuple[int, ...] = ()
-    index = {tuple(tokens): i for i, tokens in reversed(list(enumerate(completions)))}
     while prefix not in index:
         allowed = nodes[prefix]
-        best = max(allowed.values())
-        order = {}
-        for tokens in completions:  # ties go to the token of the earliest choice, as choices are listed
-            if tuple(tokens[:len(prefix)]) == prefix and len(tokens) > len(prefix):
-                order.setdefault(tokens[len(prefix)], len(order))
-        prefix = prefix + (min((t for t, lp in allowed.items() if lp == best), key=order.__getitem__),)
+        prefix += (max(allowed, key=allowed.__getitem__),)  # max keeps the first of equals
     return index[prefix]
 
 
