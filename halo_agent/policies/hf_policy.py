@@ -117,15 +117,19 @@ def masked_choice_logprobs(completions: Sequence[Sequence[int]], token_logprobs:
     import math
 
     nodes = _branches(completions, token_logprobs)
+    # Each place where the choices part, normalised once: log sum exp(lp / T) over its allowed tokens.
+    norms = {}
+    for prefix, allowed in nodes.items():
+        if len(allowed) > 1:
+            top = max(allowed.values()) / temperature
+            norms[prefix] = top + math.log(sum(math.exp(lp / temperature - top) for lp in allowed.values()))
     out = []
     for tokens in completions:
         total = 0.0
         for j, token in enumerate(tokens):
-            allowed = nodes[tuple(tokens[:j])]
-            if len(allowed) > 1:
-                scaled = {t: lp / temperature for t, lp in allowed.items()}
-                top = max(scaled.values())
-                total += scaled[token] - top - math.log(sum(math.exp(v - top) for v in scaled.values()))
+            prefix = tuple(tokens[:j])
+            if prefix in norms:
+                total += nodes[prefix][token] / temperature - norms[prefix]
         out.append(total)
     return out
 
