@@ -9,6 +9,7 @@ COMMANDS = {
     "online-pipeline": ("bench.online_pipeline", "online GRPO sequential vs --pipeline: seconds per iteration"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
+    "os-sandbox": ("bench.os_sandbox", "the os sandbox's start, against an earlier revision's, side by side"),
     "os-ppo": ("bench.os_ppo", "reward per PPO epoch on short os tasks"),
     "vlm": ("bench.vlm", "image tokens per step and peak memory of a VLM job"),
     "hierarchy": ("bench.hierarchy", "the verified action cache and loop recovery"),

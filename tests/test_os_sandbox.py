@@ -1,4 +1,4 @@
-"""The os sandbox: a command that escapes, hangs or floods must not harm the host or the lake; no network."""
+"""The os sandbox: a command that escapes, hangs or floods must not harm the host or the lake, nor read its secrets; no network."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from halo_agent.envs.os_sandbox import TRUNCATION_MARKER, Sandbox, SandboxConfig, check_host
+from halo_agent.envs.os_sandbox import HOST_ID_BASE, ID_COUNT, SANDBOX_USERS, TRUNCATION_MARKER, Sandbox, SandboxConfig, check_host
 
 try:
     check_host()
@@ -58,10 +58,92 @@ def test_escape_writes_outside_never_reach_the_host(box, tmp_path, lake):
     assert os.listdir(lake.root)  # the lake is untouched and still there
 
 
-def test_the_host_lake_and_checkout_are_not_visible(box):
-    result = box.run("find /work /root /home -mindepth 1 | wc -l; cat /proc/sys/kernel/hostname; echo x > /proc/sys/kernel/hostname")
-    assert result.output.splitlines()[0] == "0"
+def test_the_host_lake_checkout_and_data_folders_are_not_there(box):
+    result = box.run("ls -d /work /opt /old_root /farm 2>&1 | grep -vc 'No such file'; find /root /home /var /tmp -mindepth 1 "
+                     "-not -path '/var/*' | wc -l; cat /proc/sys/kernel/hostname; echo x > /proc/sys/kernel/hostname")
+    assert result.output.splitlines()[:3] == ["0", "0", "sandbox"]
     assert "Read-only file system" in result.output
+
+
+def test_root_inside_is_an_unprivileged_id_outside(box):
+    result = box.run("id -u; cat /proc/self/uid_map /proc/self/gid_map")
+    lines = result.output.split("\n")
+    assert lines[0] == "0"
+    assert lines[1].split() == ["0", str(HOST_ID_BASE), str(ID_COUNT)]  # not the identity map 0 0 4294967295
+    assert lines[2].split() == ["0", str(HOST_ID_BASE), str(ID_COUNT)]
+    on_host = box.run("sleep 30 & echo $!")  # its uid seen from the host
+    host_pids = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep\x0030\x00"]
+    assert on_host.exit_code == 0 and host_pids
+    assert {os.stat(f"/proc/{p}").st_uid for p in host_pids} == {HOST_ID_BASE}
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def test_host_secrets_are_unreadable_inside(box):
+    planted = f"/root/halo-secret-{uuid.uuid4().hex}"
+    secret = uuid.uuid4().hex
+    with open(planted, "w") as f:
+        f.write(secret)
+    try:
+        with open("/etc/shadow") as f:
+            host_shadow = [line.strip() for line in f if line.strip()]
+        result = box.run(f"cat /etc/shadow /etc/gshadow; cat {planted}; cat /proc/1/root{planted}; "
+                         "grep -rs --text -e root: /root /home /var /tmp /srv /run | head -c 2000; cat /etc/passwd")
+    finally:
+        os.unlink(planted)
+    assert secret not in result.output
+    assert not [line for line in host_shadow if line in result.output]  # not one line of the host's shadow file
+    assert "root:*:" in result.output  # the sandbox's own shadow file, root's password locked
+    accounts = box.run("cut -d: -f1 /etc/passwd").output.split()
+    assert accounts == [user[0] for user in SANDBOX_USERS]  # the sandbox's accounts, none of the host's
+
+
+# Each escape prints NAME=ok when the kernel refused it; ctypes calls the syscalls themselves.
+ESCAPES = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(name, result):
+    print(f"{name}={'ok' if result == -1 else 'ALLOWED'}", flush=True)
+refused("mount", libc.mount(b"none", b"/mnt", b"tmpfs", 0, None))
+refused("chroot", libc.chroot(b"/srv"))
+refused("mknod", libc.mknod(b"/srv/mem", 0o020600, os.makedev(1, 1)))
+handle = ctypes.create_string_buffer(8 + 128)
+ctypes.c_uint.from_buffer(handle).value = 128
+mount_id = ctypes.c_int()
+libc.name_to_handle_at(-100, b"/etc/passwd", handle, ctypes.byref(mount_id), 0)
+refused("open_by_handle_at", libc.open_by_handle_at(-100, handle, os.O_RDONLY))
+refused("ptrace", libc.ptrace(16, int(sys.argv[1]), None, None))  # PTRACE_ATTACH to a host pid
+for path, text in (("/proc/sys/kernel/hostname", "owned"), ("/proc/sys/vm/drop_caches", "3"), ("/sys/kernel/uevent_helper", "/x"),
+                   ("/sys/fs/cgroup/cgroup.procs", "1")):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"write {path}=ALLOWED", flush=True)
+    except OSError:
+        print(f"write {path}=ok", flush=True)
+"""
+
+
+def test_mount_chroot_mknod_handles_ptrace_and_proc_sys_writes_fail(box):
+    script = ESCAPES.replace("int(sys.argv[1])", str(os.getpid()))
+    result = box.run(script, interpreter="python")
+    verdicts = dict(line.rsplit("=", 1) for line in result.output.splitlines() if "=" in line)
+    assert set(verdicts) >= {"mount", "chroot", "mknod", "open_by_handle_at", "ptrace", "write /proc/sys/kernel/hostname",
+                             "write /sys/kernel/uevent_helper"}, result.output
+    assert set(verdicts.values()) == {"ok"}, result.output
+
+
+def test_the_init_reaps_orphans_no_zombie_is_left(box):
+    assert box.run("sleep 1000 & echo started").output == "started\n"
+    box.run("(sleep 0.1 &); (sleep 0.1 & exec true)")
+    result = box.run("kill $(pgrep -f '^sleep 1000$'); sleep 0.5; ps -eo stat=,comm= | grep '^Z' | wc -l")
+    assert result.output.strip() == "0"
 
 
 def test_hang_is_killed_at_the_timeout_with_its_whole_process_group(box):
