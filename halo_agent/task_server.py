@@ -2,35 +2,57 @@
 
     halo-agent serve-tasks --env os --port 5000           # http://127.0.0.1:5000/api/...
 
-Every route is a POST under ``/api`` taking and returning JSON, as LifelongAgentBench's
-``TaskClient`` calls them, so that client works unchanged:
+Every route is a POST under ``/api`` taking and returning JSON, in the shapes of LifelongAgentBench's
+``src/typings`` (its ``TaskClient`` and ``run_experiment.py`` loop work unchanged):
 
 - ``/ping`` -> ``{"response": "Hello, World!"}``
+- ``/get_attribute`` ``{"name": ...}`` -> ``{"instance_factory_type", "instance_factory_parameter_dict"}``:
+  the attributes its runner and callbacks read from a task: ``task_name`` (an enum:
+  ``{"module": "src.typings.general.TaskName", "value": "os_interaction"}``), ``max_round``,
+  ``current_round``, ``current_sample_index``, ``command_execution_timeout`` (simple values:
+  ``{"type": "int", "value": "5"}``); both ``null`` for any other name (its client raises
+  ``AttributeError``). ``/set_attribute`` ``{"name", "instance_factory_type",
+  "instance_factory_parameter_dict"}`` sets ``max_round`` or ``command_execution_timeout``.
 - ``/get_sample_index_list`` -> ``{"sample_index_list": [...]}`` (HALO task names; a
   LifelongAgentBench file's own keys)
 - ``/reset`` ``{"session": Session}`` -> ``{"session": Session}``: a fresh sandbox with the task's
-  init run; the chat history gets the instructions (user), an acknowledgement (agent) and the task (user)
-- ``/interact`` ``{"session": ...}``: the last chat item is the agent's answer (``Act: bash`` with a
-  fenced block, or ``Act: finish``); a command's output is appended as a user item. A finish sets
-  ``sample_status`` ``completed``, an answer that does not parse ``agent_validation_failed``, a command
-  past ``max_rounds`` ``task_limit_reached``
-- ``/complete`` ``{"session": ...}``: runs the evaluation script; ``evaluation_record.outcome`` is
-  ``correct``, ``incorrect`` or ``unknown``, ``detail_dict.reward`` the reward map's value; the sandbox goes
+  init run (the instance of ``--task-seed``); the chat history gets the instructions (user), an
+  acknowledgement (agent) and the task (user)
+- ``/interact``: the last chat item is the agent's answer. As in LifelongAgentBench, the round limit
+  is checked first (a ``max_round``-th answer past the limit, a finish included, gives
+  ``task_limit_reached``), then the answer: ``Act: bash`` with a fenced block runs and its output is
+  appended as a user item, ``Act: finish`` gives ``completed``, anything else
+  ``agent_validation_failed``. A session the agent side marked ``agent_context_limit``,
+  ``agent_out_of_memory`` or ``agent_unknown_error`` gets its default task output and no round.
+- ``/complete``: runs the evaluation script (the session must no longer be ``running``);
+  ``evaluation_record.outcome`` is ``correct``, ``incorrect`` or ``unknown``, ``detail_dict.reward``
+  the reward map's value; the sandbox goes
 - ``/release``: every open sandbox goes
-- ``/calculate_metric`` ``{"session_partial_list": [...]}`` -> ``{"metric": {...}}``: the share of each
-  outcome and each status, the mean reward and the count
+- ``/calculate_metric`` ``{"session_partial_list": [...]}`` -> ``{"metric": {"overall", "skill",
+  "difficulty_level"}}``: the share of each outcome and status and the mean reward; per skill and
+  per difficulty level the counts, correct counts and correct rates (-1 where nothing was counted)
 
 A Session is ``{task_name, sample_index, sample_status, chat_history: {value: [{role, content}]},
 finish_reason, task_output, evaluation_record: {outcome, detail_dict}}`` with roles ``user`` and
 ``agent``. Several samples may be open at once (one sandbox each), keyed by sample index.
+
+What LifelongAgentBench refuses, this server refuses with the same status code: a body its types
+reject (an unknown ``task_name``, a ``system`` role, an unknown status) is a 422; a request its task
+asserts against is a 500 whose ``detail`` says why: an unknown sample index, a reset of a sample
+already open or of a session not ``initial``, an interact or complete on a sample not open, an
+interact on a session not ``running`` (or with a finish reason or task output already set), a
+history whose last item is not the agent's, two agent items in a row, a history shortened or
+changed since the server's last answer, a complete on a ``running`` session, ``calculate_metric``
+over unknown sample indices.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, Field
 
@@ -42,16 +64,27 @@ from halo_agent.envs.os_tasks import TASK_PREFIX, OSTask, load_tasks
 log = logging.getLogger(__name__)
 
 TASK_NAME = "os_interaction"
+TASK_NAMES = Literal["db_bench", "os_interaction", "knowledge_graph"]  # LifelongAgentBench's TaskName
 STATUSES = ("initial", "running", "completed", "agent_validation_failed", "task_limit_reached",
             "task_environment_error", "task_unknown_error", "agent_context_limit", "agent_out_of_memory",
             "agent_unknown_error")
+AGENT_ABNORMAL = ("agent_context_limit", "agent_out_of_memory", "agent_unknown_error")
+OUTCOMES = ("unset", "correct", "incorrect", "unknown", "ignored")
 ACKNOWLEDGEMENT = "OK."
+# LifelongAgentBench's client rebuilds an enum attribute from this module path.
+TASK_NAME_ENUM = "src.typings.general.TaskName"
+SETTABLE_ATTRIBUTES = ("max_round", "command_execution_timeout")
 
 SampleIndex = Union[int, str]
+SampleStatus = Literal[STATUSES]  # type: ignore[valid-type]
+
+
+class ProtocolError(Exception):
+    """A request LifelongAgentBench's task would assert against: answered 500 with the reason."""
 
 
 class ChatHistoryItem(BaseModel):
-    role: str
+    role: Literal["user", "agent"]
     content: str
 
 
@@ -60,14 +93,14 @@ class ChatHistory(BaseModel):
 
 
 class EvaluationRecord(BaseModel):
-    outcome: str = "unset"
+    outcome: Literal[OUTCOMES] = "unset"  # type: ignore[valid-type]
     detail_dict: Optional[dict[str, Optional[Union[float, int, bool]]]] = None
 
 
 class Session(BaseModel):
-    task_name: str = TASK_NAME
+    task_name: TASK_NAMES
     sample_index: SampleIndex
-    sample_status: str = "initial"
+    sample_status: SampleStatus = "initial"
     chat_history: ChatHistory = Field(default_factory=ChatHistory)
     finish_reason: Optional[str] = None
     task_output: Optional[dict[str, Optional[str]]] = None
@@ -80,7 +113,7 @@ class SessionRequest(BaseModel):
 
 class SessionPartial(BaseModel):
     sample_index: SampleIndex
-    sample_status: str
+    sample_status: SampleStatus
     evaluation_record: EvaluationRecord
 
 
@@ -88,10 +121,33 @@ class MetricRequest(BaseModel):
     session_partial_list: Sequence[SessionPartial]
 
 
+class GetAttributeRequest(BaseModel):
+    name: str
+
+
+class SetAttributeRequest(BaseModel):
+    name: str
+    instance_factory_type: Literal["simple_immutable_type", "enum", "general"]
+    instance_factory_parameter_dict: dict[str, Any]
+
+
 def sample_index_of(task: OSTask) -> str:
     """A task's sample index: its name, or the key it had in a LifelongAgentBench file."""
     name = task.task_id[len(TASK_PREFIX):] if task.task_id.startswith(TASK_PREFIX) else task.task_id
     return name[len("lab-"):] if task.source == "lifelongagentbench" else name
+
+
+@dataclasses.dataclass
+class _OpenSample:
+    sandbox: OSSession
+    history: list[ChatHistoryItem]  # the history as the server last answered it
+    rounds: int = 0
+
+
+def simple_value(value: Any) -> dict[str, Any]:
+    """LifelongAgentBench's transfer form of a bool, None, int, float or str."""
+    return {"instance_factory_type": "simple_immutable_type",
+            "instance_factory_parameter_dict": {"type": type(value).__name__, "value": str(value)}}
 
 
 class OSTaskService:
@@ -103,119 +159,229 @@ class OSTaskService:
         self.sandbox_config = sandbox_config or SandboxConfig()
         self.max_rounds = int(max_rounds)
         self.reward_map = reward_map or RewardMap()
-        self.sessions: dict[str, OSSession] = {}
+        self.sessions: dict[str, _OpenSample] = {}
+        self.current_sample_index: Optional[SampleIndex] = None  # the sample reset last, while open
         self._lock = threading.Lock()
 
     def sample_index_list(self) -> list[str]:
         return list(self.tasks)
 
+    # ------------------------------------------------------------------------------ attributes
+    def get_attribute(self, name: str) -> dict[str, Any]:
+        if name == "task_name":
+            return {"instance_factory_type": "enum", "instance_factory_parameter_dict": {"module": TASK_NAME_ENUM, "value": TASK_NAME}}
+        current = self.sessions.get(str(self.current_sample_index)) if self.current_sample_index is not None else None
+        values = {"max_round": self.max_rounds, "current_round": current.rounds if current else 0,
+                  "current_sample_index": self.current_sample_index,
+                  "command_execution_timeout": int(self.sandbox_config.timeout_s)}
+        if name not in values:
+            return {"instance_factory_type": None, "instance_factory_parameter_dict": None}
+        return simple_value(values[name])
+
+    def set_attribute(self, request: SetAttributeRequest) -> None:
+        parameters = request.instance_factory_parameter_dict
+        if request.name not in SETTABLE_ATTRIBUTES:
+            raise ValueError(f"attribute {request.name!r} cannot be set; settable: {', '.join(SETTABLE_ATTRIBUTES)}")
+        if request.instance_factory_type != "simple_immutable_type" or parameters.get("type") != "int":
+            raise ValueError(f"{request.name} takes an int (simple_immutable_type), got {request.instance_factory_type} {parameters}")
+        value = int(parameters["value"])
+        if value < 1:
+            raise ValueError(f"{request.name} must be at least 1, got {value}")
+        if request.name == "max_round":
+            self.max_rounds = value
+        else:
+            self.sandbox_config = dataclasses.replace(self.sandbox_config, timeout_s=float(value))
+
+    # -------------------------------------------------------------------------------- sessions
     def _task(self, index: SampleIndex) -> OSTask:
         task = self.tasks.get(str(index))
         if task is None:
-            raise KeyError(f"unknown sample index {index!r}: get them from /api/get_sample_index_list")
+            raise ProtocolError(f"Task reset failed: unknown sample index {index!r}: get them from /api/get_sample_index_list")
         return task
 
+    def _check_task_name(self, session: Session) -> None:
+        if session.task_name != TASK_NAME:
+            raise ProtocolError(f"this server serves task {TASK_NAME!r}, not {session.task_name!r}")
+
     def reset(self, session: Session) -> Session:
+        self._check_task_name(session)
         task = self._task(session.sample_index)
         if session.sample_status != "initial":
-            raise ValueError(f"reset needs a session in status 'initial', got {session.sample_status!r}")
+            raise ProtocolError(f"Task reset failed: reset needs a session in status 'initial', got {session.sample_status!r}")
         key = str(session.sample_index)
-        with self._lock:
-            old = self.sessions.pop(key, None)
-        if old is not None:
-            old.close()
         sample = OSSession(task, self.sandbox_config, self.max_rounds)
+        with self._lock:
+            if key in self.sessions:
+                raise ProtocolError(f"Task reset failed: sample {session.sample_index!r} is already open: complete it first")
+            self.sessions[key] = _OpenSample(sample, [])  # claimed before the slow start, so a second reset fails
         session.sample_status = "running"
         try:
             sample.start()
         except EnvError as e:
+            with self._lock:
+                self.sessions.pop(key, None)
             session.sample_status, session.finish_reason = "task_environment_error", str(e)
             return session
-        with self._lock:
-            self.sessions[key] = sample
         history = session.chat_history.value
         history += [ChatHistoryItem(role="user", content=SYSTEM_PROMPT), ChatHistoryItem(role="agent", content=ACKNOWLEDGEMENT),
                     ChatHistoryItem(role="user", content=task.instruction)]
+        with self._lock:
+            if key in self.sessions:  # not released meanwhile
+                self.sessions[key].history = [item.model_copy() for item in history]
+                self.current_sample_index = session.sample_index
         return session
 
-    def _open(self, session: Session) -> OSSession:
+    def _open(self, session: Session, route: str) -> _OpenSample:
+        self._check_task_name(session)
         sample = self.sessions.get(str(session.sample_index))
         if sample is None:
-            raise ValueError(f"sample {session.sample_index!r} has no open session: call /api/reset first")
+            raise ProtocolError(f"{route}: sample {session.sample_index!r} has no open session: call /api/reset first")
         return sample
 
-    def interact(self, session: Session) -> Session:
-        sample = self._open(session)
-        history = session.chat_history.value
-        if session.sample_status != "running":
-            return session
+    def _check_history(self, sample: _OpenSample, history: list[ChatHistoryItem]) -> None:
         if not history or history[-1].role != "agent":
-            raise ValueError("interact needs the agent's answer as the last chat history item (role 'agent')")
+            raise ProtocolError("interact needs the agent's answer as the last chat history item (role 'agent')")
+        if len(history) >= 2 and history[-2].role == "agent":
+            raise ProtocolError("the chat history holds two agent items in a row: one agent answer per interact")
+        if len(history) != len(sample.history) + 1 or history[:-1] != sample.history:
+            raise ProtocolError(f"the chat history was shortened or changed since the last answer ({len(sample.history)} items "
+                                f"then, {len(history) - 1} before the agent's answer now): send it back whole, plus the answer")
+
+    def interact(self, session: Session) -> Session:
+        sample = self._open(session, "interact")
+        status = session.sample_status
+        if not ((status == "running" and session.finish_reason is None) or status in AGENT_ABNORMAL):
+            raise ProtocolError(f"interact needs a running session without a finish reason, got status {status!r}")
+        if session.task_output is not None:
+            raise ProtocolError("interact needs a session without a task output (it is set once the sample ends)")
+        history = session.chat_history.value
+        self._check_history(sample, history)
+        if status in AGENT_ABNORMAL:
+            session.task_output = {"answer": None}
+            return session
+        if sample.rounds >= self.max_rounds:  # the round limit first, whatever the answer (LifelongAgentBench's order)
+            session.sample_status = "task_limit_reached"
+            session.finish_reason = f"Task limit reached. The limit is {self.max_rounds}."
+            session.task_output = {"answer": None}
+            return session
+        sample.rounds += 1
         action, error = parse_os_action(history[-1].content)
         if action is None:
             session.sample_status, session.finish_reason = "agent_validation_failed", error
             session.task_output = {"answer": None}
         elif action == FINISH:
             session.sample_status, session.task_output = "completed", {"answer": None}
-        elif sample.rounds >= sample.max_rounds:
-            session.sample_status = "task_limit_reached"
-            session.finish_reason = f"Task limit reached. The limit is {sample.max_rounds}."
-            session.task_output = {"answer": None}
         else:
             try:
-                sample.act(action)
+                sample.sandbox.run_command(action)
             except EnvError as e:
                 session.sample_status, session.finish_reason = "task_environment_error", str(e)
+                session.task_output = {"answer": None}
                 return session
-            history.append(ChatHistoryItem(role="user", content=sample.last_output))
+            history.append(ChatHistoryItem(role="user", content=sample.sandbox.last_output))
+        sample.history = [item.model_copy() for item in history]
         return session
 
     def complete(self, session: Session) -> Session:
+        self._open(session, "complete")
+        if session.sample_status == "running":
+            raise ProtocolError("complete needs a session that is no longer running: interact until it ends (finish, round limit)")
         with self._lock:
             sample = self.sessions.pop(str(session.sample_index), None)
         if sample is None:
-            raise ValueError(f"sample {session.sample_index!r} has no open session: call /api/reset first")
+            raise ProtocolError(f"complete: sample {session.sample_index!r} has no open session: call /api/reset first")
+        if str(self.current_sample_index) == str(session.sample_index):
+            self.current_sample_index = None
         try:
-            outcome = sample.evaluate(session.sample_status)
+            outcome = sample.sandbox.evaluate(session.sample_status)
         finally:
-            sample.close()
+            sample.sandbox.close()
         session.evaluation_record = EvaluationRecord(outcome=outcome, detail_dict={"reward": self.reward_map.reward(outcome)})
         return session
 
     def release(self) -> None:
         with self._lock:
             sessions, self.sessions = list(self.sessions.values()), {}
+            self.current_sample_index = None
         for sample in sessions:
-            sample.close()
+            sample.sandbox.close()
 
+    # ---------------------------------------------------------------------------------- metric
     def calculate_metric(self, partials: Sequence[SessionPartial]) -> dict[str, Any]:
+        unknown = [p.sample_index for p in partials if str(p.sample_index) not in self.tasks]
+        if unknown:
+            raise ProtocolError(f"calculate_metric over unknown sample indices {unknown[:5]}: get them from /api/get_sample_index_list")
+        tasks = [self.tasks[str(p.sample_index)] for p in partials]
+        correct = [p.evaluation_record.outcome == "correct" for p in partials]
+        return {"overall": self._overall(partials), "skill": self._by_skill(tasks, correct),
+                "difficulty_level": self._by_difficulty(tasks, correct)}
+
+    def _overall(self, partials: Sequence[SessionPartial]) -> dict[str, dict[str, float]]:
         n = len(partials)
-        metric: dict[str, Any] = {"overall": {"basic": {"session_count": float(n)}}}
+        metric: dict[str, dict[str, float]] = {"basic": {"session_count": float(n)}}
         if n == 0:
             return metric
         outcomes = [p.evaluation_record.outcome for p in partials]
         rewards = [self.reward_map.reward(o) if o in ("correct", "incorrect", "unknown") else 0.0 for o in outcomes]
-        metric["overall"]["evaluation_outcome"] = {o: outcomes.count(o) / n for o in ("unset", "correct", "incorrect", "unknown", "ignored")}
-        metric["overall"]["sample_status"] = {s: sum(p.sample_status == s for p in partials) / n for s in STATUSES}
-        metric["overall"]["reward"] = {"mean": sum(rewards) / n}
+        metric["evaluation_outcome"] = {o: outcomes.count(o) / n for o in OUTCOMES}
+        metric["sample_status"] = {s: sum(p.sample_status == s for p in partials) / n for s in STATUSES}
+        metric["reward"] = {"mean": sum(rewards) / n}
         return metric
+
+    def _by_skill(self, tasks: list[OSTask], correct: list[bool]) -> dict[str, dict[str, float]]:
+        skills = sorted({skill for task in self.tasks.values() for skill in task.skills})
+        count = {s: 0 for s in skills}
+        right = {s: 0 for s in skills}
+        for task, ok in zip(tasks, correct):
+            for skill in task.skills:
+                count[skill] += 1
+                right[skill] += ok
+        rate = _rates(count, right)
+        # Every skill of a task counts as effective (LifelongAgentBench's default for os_interaction).
+        return {"count_dict": count, "correct_count_dict": right, "correct_rate_dict": rate,
+                "effective_count_dict": dict(count), "effective_correct_count_dict": dict(right),
+                "effective_correct_rate_dict": dict(rate)}
+
+    @staticmethod
+    def _by_difficulty(tasks: list[OSTask], correct: list[bool]) -> dict[str, dict[str, float]]:
+        levels = [str(level) for level in sorted({task.difficulty for task in tasks})]
+        count = {level: 0 for level in levels}
+        right = {level: 0 for level in levels}
+        for task, ok in zip(tasks, correct):
+            count[str(task.difficulty)] += 1
+            right[str(task.difficulty)] += ok
+        return {"count_dict": count, "correct_count_dict": right, "correct_rate_dict": _rates(count, right)}
+
+
+def _rates(count: dict[str, int], right: dict[str, int]) -> dict[str, float]:
+    return {key: (right[key] / n if n else -1) for key, n in count.items()}
 
 
 def create_app(service: OSTaskService):
-    """The FastAPI app: the protocol's routes under ``/api``; a request the protocol refuses is a 400 with the reason."""
+    """The FastAPI app: the protocol's routes under ``/api``; what LifelongAgentBench's task refuses is a 500 with the reason."""
     from fastapi import APIRouter, FastAPI, HTTPException
 
     def guarded(call, *args):
         try:
             return call(*args)
-        except (KeyError, ValueError) as e:
-            raise HTTPException(status_code=400, detail=str(e).strip("'\"")) from None
+        except ProtocolError as e:
+            raise HTTPException(status_code=500, detail=str(e)) from None
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from None
 
     router = APIRouter()
 
     @router.post("/ping")
     def ping() -> dict[str, str]:
         return {"response": "Hello, World!"}
+
+    @router.post("/get_attribute")
+    def get_attribute(request: GetAttributeRequest) -> dict[str, Any]:
+        return service.get_attribute(request.name)
+
+    @router.post("/set_attribute")
+    def set_attribute(request: SetAttributeRequest) -> None:
+        guarded(service.set_attribute, request)
 
     @router.post("/get_sample_index_list")
     def get_sample_index_list() -> dict[str, list[str]]:
@@ -239,7 +405,7 @@ def create_app(service: OSTaskService):
 
     @router.post("/calculate_metric")
     def calculate_metric(request: MetricRequest) -> dict[str, Any]:
-        return {"metric": service.calculate_metric(request.session_partial_list)}
+        return {"metric": guarded(service.calculate_metric, request.session_partial_list)}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

@@ -1,101 +1,249 @@
-"""The os task server: LifelongAgentBench's session protocol, spoken by a real uvicorn server on 127.0.0.1."""
+"""The os task server: LifelongAgentBench's session protocol, spoken by a real `halo-agent serve-tasks` on 127.0.0.1.
+
+The client below is written from LifelongAgentBench's documented shapes (src/typings, src/tasks/client.py,
+src/utils/client.py): attributes it does not hold are read with /api/get_attribute, as its TaskClient does,
+and ``run_sample`` is its run_experiment.py loop (reset, then agent inference and interact while running,
+then complete; calculate_metric over the sessions; release).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
-import threading
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
-from halo_agent.envs.os_sandbox import check_host  # noqa: E402
-from halo_agent.task_server import build_service, create_app  # noqa: E402
+from halo_agent.envs.os_sandbox import HOST_ID_BASE, check_host  # noqa: E402
 
 try:
     check_host()
 except Exception as e:
     pytest.skip(f"os sandbox unavailable: {e}", allow_module_level=True)
 
+ROOT = Path(__file__).resolve().parent.parent
+MAX_ROUNDS = 2
 
-@pytest.fixture
+
+class LabTaskClient:
+    """LifelongAgentBench's TaskClient, from its shapes: POST JSON to /api/<route>; unknown attributes from the server."""
+
+    def __init__(self, server_address: str) -> None:
+        self.__dict__["server_address"] = server_address.rstrip("/")
+        assert self._call("/ping") == {"response": "Hello, World!"}
+
+    def _call(self, route: str, body: dict | None = None):
+        request = urllib.request.Request(self.server_address + route, data=json.dumps(body or {}).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read() or b"null")
+
+    def __getattr__(self, name: str):
+        answer = self._call("/get_attribute", {"name": name})
+        kind, parameters = answer["instance_factory_type"], answer["instance_factory_parameter_dict"]
+        if kind is None:
+            raise AttributeError(f"Attribute '{name}' is not found.")
+        if kind == "enum":
+            assert parameters["module"] == "src.typings.general.TaskName"
+            return parameters["value"]
+        assert kind == "simple_immutable_type"
+        return {"int": int, "str": str, "float": float, "NoneType": lambda _: None, "bool": lambda v: v == "True"}[parameters["type"]](parameters["value"])
+
+    def __setattr__(self, name: str, value) -> None:
+        self._call("/set_attribute", {"name": name, "instance_factory_type": "simple_immutable_type",
+                                      "instance_factory_parameter_dict": {"type": type(value).__name__, "value": str(value)}})
+
+    def get_sample_index_list(self) -> list:
+        return self._call("/get_sample_index_list")["sample_index_list"]
+
+    def reset(self, session: dict) -> None:
+        session.update(self._call("/reset", {"session": session})["session"])
+
+    def interact(self, session: dict) -> None:
+        session.update(self._call("/interact", {"session": session})["session"])
+
+    def complete(self, session: dict) -> None:
+        session.update(self._call("/complete", {"session": session})["session"])
+
+    def release(self) -> None:
+        self._call("/release")
+
+    def calculate_metric(self, partials: list[dict]) -> dict:
+        return self._call("/calculate_metric", {"session_partial_list": partials})["metric"]
+
+
+def new_session(task: LabTaskClient, sample_index) -> dict:
+    """Session(task_name=task.task_name, sample_index=...) as LifelongAgentBench builds it, dumped."""
+    return {"task_name": task.task_name, "sample_index": sample_index, "sample_status": "initial", "chat_history": {"value": []},
+            "finish_reason": None, "task_output": None, "evaluation_record": {"outcome": "unset", "detail_dict": None}}
+
+
+def run_sample(task: LabTaskClient, sample_index, answers: list[str]) -> dict:
+    """run_experiment.py's loop for one sample, with an agent that gives ``answers`` in turn."""
+    session = new_session(task, sample_index)
+    task.reset(session)
+    turns = iter(answers)
+    while session["sample_status"] == "running":
+        session["chat_history"]["value"].append({"role": "agent", "content": next(turns)})  # agent.inference
+        task.interact(session)
+    task.complete(session)
+    return session
+
+
+def partial(session: dict) -> dict:
+    return {k: session[k] for k in ("sample_index", "sample_status", "evaluation_record")}
+
+
+def bash(command: str) -> str:
+    return f"Think: run it\nAct: bash\n```bash\n{command}\n```"
+
+
+@pytest.fixture(scope="module")
 def server():
-    """A real server on a free loopback port, stopped (and its sandboxes released) at the end."""
+    """`halo-agent serve-tasks --env os` in its own process on a free loopback port; stopped with SIGINT at the end."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    service = build_service(max_rounds=2)
-    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
-    httpd = uvicorn.Server(config)
-    thread = threading.Thread(target=httpd.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not httpd.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/api", service
-    httpd.should_exit = True
-    thread.join(10)
-    assert not service.sessions  # shutdown released every sandbox
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "halo_agent.cli", "serve-tasks", "--env", "os", "--port", str(port),
+                                "--max-rounds", str(MAX_ROUNDS), "--timeout", "10"], env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            LabTaskClient(base)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"serve-tasks did not start: {process.stderr.read()[-2000:]}")
+            time.sleep(0.2)
+    yield base, process
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
 
 
-def call(base: str, route: str, body=None):
-    request = urllib.request.Request(base + route, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
+def refused(call, *args) -> tuple[int, str]:
+    with pytest.raises(urllib.error.HTTPError) as error:
+        call(*args)
+    return error.value.code, error.value.read().decode()
 
 
-def agent(session, text):
-    session["chat_history"]["value"].append({"role": "agent", "content": text})
-    return {"session": session}
-
-
-def test_a_sample_through_the_whole_protocol(server):
+def test_a_run_experiment_loop_with_their_client_shapes(server):
     base, _ = server
-    assert call(base, "/ping") == {"response": "Hello, World!"}
-    indices = call(base, "/get_sample_index_list")["sample_index_list"]
-    assert "users-add" in indices and len(indices) >= 30
-    session = call(base, "/reset", {"session": {"task_name": "os_interaction", "sample_index": "users-add"}})["session"]
-    assert session["sample_status"] == "running"
-    assert [m["role"] for m in session["chat_history"]["value"]] == ["user", "agent", "user"]
-    assert session["chat_history"]["value"][-1]["content"] == "Create a user account named alice."
-    session = call(base, "/interact", agent(session, "Think: add her\nAct: bash\n```bash\nuseradd alice && id -un alice\n```"))["session"]
-    assert session["chat_history"]["value"][-1] == {"role": "user", "content": "The output of the OS:\n\nalice\n"}
-    session = call(base, "/interact", agent(session, "Act: finish"))["session"]
-    assert session["sample_status"] == "completed"
-    session = call(base, "/complete", {"session": session})["session"]
-    assert session["evaluation_record"] == {"outcome": "correct", "detail_dict": {"reward": 1.0}}
+    task = LabTaskClient(base)
+    assert task.task_name == "os_interaction"  # /api/get_attribute, as their loop reads it
+    assert (task.max_round, task.current_sample_index) == (MAX_ROUNDS, None)
+    with pytest.raises(AttributeError):
+        task.no_such_attribute
+    indices = task.get_sample_index_list()
+    assert "users-add" in indices and len(indices) == 42
 
-    failed = call(base, "/reset", {"session": {"task_name": "os_interaction", "sample_index": "users-group-add"}})["session"]
-    failed = call(base, "/interact", agent(failed, "I would rather not."))["session"]
-    assert failed["sample_status"] == "agent_validation_failed" and "no action" in failed["finish_reason"]
-    failed = call(base, "/complete", {"session": failed})["session"]
-    assert failed["evaluation_record"]["outcome"] == "incorrect"
+    solved = run_sample(task, "users-add", [bash("useradd alice && id -un alice"), "Think: done\nAct: finish"])
+    history = solved["chat_history"]["value"]
+    assert [m["role"] for m in history] == ["user", "agent", "user", "agent", "user", "agent"]
+    assert history[2]["content"] == "Create a user account named alice."
+    assert history[4] == {"role": "user", "content": "The output of the OS:\n\nalice\n"}
+    assert solved["sample_status"] == "completed"
+    assert solved["evaluation_record"] == {"outcome": "correct", "detail_dict": {"reward": 1.0}}
 
-    partials = [{k: s[k] for k in ("sample_index", "sample_status", "evaluation_record")} for s in (session, failed)]
-    metric = call(base, "/calculate_metric", {"session_partial_list": partials})["metric"]["overall"]
-    assert metric["evaluation_outcome"]["correct"] == 0.5 and metric["reward"]["mean"] == 0.25
-    assert metric["basic"]["session_count"] == 2.0
-    call(base, "/release")
+    invalid = run_sample(task, "users-group-add", ["I would rather not."])
+    assert invalid["sample_status"] == "agent_validation_failed" and "no action" in invalid["finish_reason"]
+    assert invalid["evaluation_record"]["outcome"] == "incorrect"
+
+    # The round limit is checked before the answer: two commands, then a finish is task_limit_reached.
+    limited = run_sample(task, "files-make-dirs", [bash("ls /"), bash("mkdir -p /srv/data/2024/logs"), "Act: finish"])
+    assert limited["sample_status"] == "task_limit_reached"
+    assert limited["finish_reason"] == f"Task limit reached. The limit is {MAX_ROUNDS}."
+    assert limited["evaluation_record"]["outcome"] == "correct"  # the work was done before the limit
+
+    metric = task.calculate_metric([partial(s) for s in (solved, invalid, limited)])
+    assert metric["overall"]["basic"] == {"session_count": 3.0}
+    assert metric["overall"]["evaluation_outcome"]["correct"] == pytest.approx(2 / 3)
+    assert metric["overall"]["sample_status"]["task_limit_reached"] == pytest.approx(1 / 3)
+    skill = metric["skill"]
+    assert skill["count_dict"]["useradd"] == 1 and skill["correct_rate_dict"]["useradd"] == 1.0
+    assert skill["correct_rate_dict"]["groupadd"] == 0.0 and skill["correct_rate_dict"]["tar"] == -1  # not counted
+    assert set(skill) == {"count_dict", "correct_count_dict", "correct_rate_dict", "effective_count_dict",
+                          "effective_correct_count_dict", "effective_correct_rate_dict"}
+    assert metric["difficulty_level"] == {"count_dict": {"0": 3}, "correct_count_dict": {"0": 2},
+                                          "correct_rate_dict": {"0": pytest.approx(2 / 3)}}
+    task.release()
 
 
-def test_round_limit_and_protocol_errors(server):
-    base, service = server
-    session = call(base, "/reset", {"session": {"task_name": "os_interaction", "sample_index": "files-make-dirs"}})["session"]
-    for _ in range(2):
-        session = call(base, "/interact", agent(session, "Act: bash\n```bash\nls /\n```"))["session"]
-    session = call(base, "/interact", agent(session, "Act: bash\n```bash\nmkdir -p /srv/data/2024/logs\n```"))["session"]
-    assert session["sample_status"] == "task_limit_reached"
-    assert call(base, "/complete", {"session": session})["session"]["evaluation_record"]["outcome"] == "incorrect"
-    with pytest.raises(urllib.error.HTTPError) as error:
-        call(base, "/reset", {"session": {"task_name": "os_interaction", "sample_index": "no-such-task"}})
-    assert error.value.code == 400 and "unknown sample index" in error.value.read().decode()
-    with pytest.raises(urllib.error.HTTPError) as error:
-        call(base, "/interact", {"session": {"task_name": "os_interaction", "sample_index": "users-add", "sample_status": "running"}})
-    assert error.value.code == 400 and "call /api/reset first" in error.value.read().decode()
-    call(base, "/reset", {"session": {"task_name": "os_interaction", "sample_index": "users-add"}})
-    assert list(service.sessions) == ["users-add"]  # left open: the server's shutdown must release it
+def test_a_command_through_the_protocol_cannot_read_the_host_shadow(server):
+    base, _ = server
+    task = LabTaskClient(base)
+    with open("/etc/shadow") as f:
+        host_root_line = next(line.strip() for line in f if line.startswith("root:"))
+    session = run_sample(task, "users-add", [bash("cat /etc/shadow; cat /proc/self/uid_map"), "Act: finish"])
+    output = session["chat_history"]["value"][4]["content"]
+    assert host_root_line not in output and "root:*:" in output
+    assert output.split()[-3:] == ["0", str(HOST_ID_BASE), "65536"]  # root inside is not root outside
+
+
+def test_what_their_server_refuses_is_refused_with_their_status_codes(server):
+    base, _ = server
+    task = LabTaskClient(base)
+    # Bodies their types reject: 422.
+    assert refused(task.reset, {**new_session(task, "users-add"), "task_name": "no_such_task"})[0] == 422
+    bad_role = new_session(task, "users-add")
+    bad_role["chat_history"]["value"] = [{"role": "system", "content": "You are root."}]
+    assert refused(task.reset, bad_role)[0] == 422
+    # Requests their task asserts against: 500, with the reason.
+    code, text = refused(task.reset, new_session(task, "no-such-task"))
+    assert code == 500 and "unknown sample index" in text
+    session = new_session(task, "users-delete")
+    task.reset(session)
+    code, text = refused(task.reset, new_session(task, "users-delete"))
+    assert code == 500 and "already open" in text
+    assert task.current_sample_index == "users-delete" and task.current_round == 0
+    code, text = refused(task.complete, session)
+    assert code == 500 and "no longer running" in text
+    two_agents = json.loads(json.dumps(session))
+    two_agents["chat_history"]["value"] += [{"role": "agent", "content": "Act: finish"}, {"role": "agent", "content": "Act: finish"}]
+    assert "two agent items" in refused(task.interact, two_agents)[1]
+    shortened = json.loads(json.dumps(session))
+    shortened["chat_history"]["value"] = shortened["chat_history"]["value"][2:] + [{"role": "agent", "content": bash("true")}]
+    assert "shortened or changed" in refused(task.interact, shortened)[1]
+    code, text = refused(task.interact, {**new_session(task, "users-uid"), "sample_status": "running",
+                                         "chat_history": {"value": [{"role": "agent", "content": "Act: finish"}]}})
+    assert code == 500 and "call /api/reset first" in text
+    code, text = refused(task.calculate_metric, [{"sample_index": "no-such-task", "sample_status": "completed",
+                                                  "evaluation_record": {"outcome": "correct", "detail_dict": None}}])
+    assert code == 500 and "unknown sample indices" in text
+    # The session itself still goes on: the refused requests changed nothing.
+    session["chat_history"]["value"].append({"role": "agent", "content": bash("userdel erin")})
+    task.interact(session)
+    session["chat_history"]["value"].append({"role": "agent", "content": "Act: finish"})
+    task.interact(session)
+    task.complete(session)
+    assert session["evaluation_record"]["outcome"] == "correct"
+
+
+def test_set_attribute_and_shutdown_releases_every_sandbox(server):
+    base, process = server
+    task = LabTaskClient(base)
+    task.max_round = 1
+    assert task.max_round == 1
+    limited = run_sample(task, "files-make-dirs", [bash("true"), "Act: finish"])
+    assert limited["sample_status"] == "task_limit_reached"
+    task.max_round = MAX_ROUNDS
+    task.reset(new_session(task, "users-add"))  # left open: the server's shutdown must release it
+    threads = Path(f"/proc/{process.pid}/task").iterdir()  # the routes run in a thread pool: each thread's children
+    children = [int(p) for thread in threads for p in (thread / "children").read_text().split()]
+    assert children  # the open sample's unshare
+    process.send_signal(signal.SIGINT)
+    assert process.wait(30) == 0
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]

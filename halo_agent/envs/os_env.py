@@ -178,14 +178,19 @@ class OSSession:
             self.evaluate("finished")
             return None
         self.rounds += 1
-        try:
-            result = self.sandbox.run(action)
-        except SandboxError as e:
-            raise EnvError(str(e)) from e
-        self.last_output = os_output_message(result, self.sandbox.config.timeout_s)
+        result = self.run_command(action)
         self.messages.append({"role": "user", "content": self.last_output})
         if self.rounds >= self.max_rounds:
             self.evaluate(f"round limit reached ({self.max_rounds})")
+        return result
+
+    def run_command(self, command: str) -> CommandResult:
+        """Run one command in the sample's sandbox; ``last_output`` becomes the OS's answer to it."""
+        try:
+            result = self.sandbox.run(command)
+        except SandboxError as e:
+            raise EnvError(str(e)) from e
+        self.last_output = os_output_message(result, self.sandbox.config.timeout_s)
         return result
 
     def evaluate(self, reason: str) -> str:

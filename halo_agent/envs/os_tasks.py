@@ -11,6 +11,7 @@ script whose exit code 0 means the task is done, and a reference solution. HALO'
         evaluation: test -f /srv/app/ready && test ! -s /srv/app/ready
         solution: touch /srv/app/ready
         skills: [touch]
+        difficulty: 0              # 0, 1, 2, ...: the task server's metric per difficulty level
         short: true                # one short command solves it (the learning subset)
 
 LifelongAgentBench's ``os_interaction`` data is one JSON object keyed by sample index::
@@ -69,6 +70,7 @@ class OSTask:
     skills: tuple[str, ...] = ()
     short: bool = False
     source: str = "halo"  # halo | lifelongagentbench
+    difficulty: int = 0  # LifelongAgentBench's difficulty level (its own samples are all 0)
 
     def to_spec(self) -> TaskSpec:
         return TaskSpec(
@@ -81,6 +83,7 @@ class OSTask:
                 "evaluation": dataclasses.asdict(self.evaluation),
                 "solution": dataclasses.asdict(self.solution),
                 "skills": list(self.skills),
+                "difficulty": self.difficulty,
                 "short": self.short,
                 "source": self.source,
             },
@@ -102,6 +105,7 @@ class OSTask:
             skills=tuple(extra.get("skills") or ()),
             short=bool(extra.get("short")),
             source=str(extra.get("source") or "halo"),
+            difficulty=int(extra.get("difficulty") or 0),
         )
 
 
@@ -109,7 +113,7 @@ def _halo_task(raw: Any, path: Path) -> OSTask:
     if not isinstance(raw, dict) or not raw.get("id"):
         raise TaskFileError(f"{path}: every task needs an id, got {str(raw)[:80]!r}")
     name = str(raw["id"])
-    unknown = set(raw) - {"id", "category", "instruction", "init", "evaluation", "solution", "skills", "short"}
+    unknown = set(raw) - {"id", "category", "instruction", "init", "evaluation", "solution", "skills", "short", "difficulty"}
     if unknown:
         raise TaskFileError(f"{path}: task {name} has unknown field(s) {', '.join(sorted(unknown))}")
     for key in ("instruction", "evaluation", "solution"):
@@ -125,7 +129,14 @@ def _halo_task(raw: Any, path: Path) -> OSTask:
         category=category,
         skills=tuple(str(s) for s in raw.get("skills") or ()),
         short=bool(raw.get("short", False)),
+        difficulty=_difficulty(raw.get("difficulty", 0), path, name),
     )
+
+
+def _difficulty(value: Any, path: Path, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TaskFileError(f"{path}: task {name} has difficulty {value!r}: write a level 0, 1, 2, ...")
+    return value
 
 
 def _command_item(raw: Any, where: str) -> Script:
