@@ -356,7 +356,7 @@ class ChatCompletionServer(LocalHTTPServer):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m halo_agent.chat_server", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="local model folder (transformers)")
+    parser.add_argument("--model", required=True, help="local model folder (transformers) or a known model name, e.g. smollm2-135m-instruct")
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="names clients use as `model` for the base model, as vLLM's (default: the folder name)")
     parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="LoRA adapters, selected by NAME")

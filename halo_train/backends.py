@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from halo_train.config import TrainConfig, TrainConfigError
+from halo_train.config import TrainConfig, TrainConfigError, resolve_base_model
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,9 @@ def lora_config(cfg: TrainConfig):
 
 
 def base_model_path(name: str) -> str:
-    """Local folders as absolute paths, so adapter_config.json points at the base from anywhere."""
+    """Local folders (a known model's converted one too) as absolute paths, so adapter_config.json points at the
+    base from anywhere."""
+    name = resolve_base_model(name, TrainConfigError)
     p = Path(name).expanduser()
     return str(p.resolve()) if p.exists() else name
 

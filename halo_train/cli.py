@@ -207,6 +207,39 @@ def make_tiny_model_command(out: str, warmup_lake: str | None, steps: int, seed:
     click.echo(f"tiny model: {path}")
 
 
+@main.command("models")
+@click.option("--fetch", "fetch", multiple=True, metavar="NAME",
+              help="Convert this known model into the cache now (once; later uses load the folder). Repeatable; 'all' for every one.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model instead of a table.")
+@run_cli
+def models_command(fetch: tuple[str, ...], as_json: bool) -> None:
+    """Known models by name (--base-model / --model NAME): source, licence, size, and whether each is cached and where."""
+    import json
+
+    from halo_agent.models import KNOWN_MODELS, describe_models, ensure_model
+
+    names = list(KNOWN_MODELS) if "all" in fetch else list(dict.fromkeys(fetch))
+    unknown = [n for n in names if n not in KNOWN_MODELS]
+    if unknown:
+        fail(f"unknown model {unknown[0]!r}: known models are {', '.join(KNOWN_MODELS)}")
+    if names:
+        _setup_logging()
+    for name in names:
+        ensure_model(KNOWN_MODELS[name])
+    rows = describe_models()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    table = [("NAME", "SOURCE", "LICENCE", "SIZE", "CACHED")]
+    for row in rows:
+        cached = f"yes: {row['folder']} ({row['folder_bytes'] / 1e6:.0f} MB)" if row["cached"] else f"no (would go to {row['folder']})"
+        table.append((row["name"], row["source"], row["licence"], f"{row['download_bytes'] / 1e6:.0f} MB", cached))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
+    for r in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
 @main.command()
 @LAKE_OPTION
 @click.option("--output-dir", default="out/quickstart", show_default=True, help="Where the tiny model and adapters go.")
@@ -315,7 +348,7 @@ main.add_command(_mcts_command())
 
 
 @main.command("serve", context_settings={"ignore_unknown_options": False})
-@click.option("--base-model", default=None, help="Base model folder (or hub id) the engine serves.")
+@click.option("--base-model", default=None, help="Base model folder, known model name (halo-train models) or hub id the engine serves.")
 @click.option("--adapters", "adapters", multiple=True, metavar="NAME=DIR [NAME=DIR ...]",
               help="LoRA adapter folders, served (and selected by requests) under NAME.")
 @click.argument("more_adapters", nargs=-1, metavar="")
@@ -344,7 +377,9 @@ def serve_command(base_model: str | None, adapters: tuple[str, ...], more_adapte
         fail("--base-model is required (or --stop)")
     if more_adapters and not adapters:
         fail(f"unexpected argument {more_adapters[0]!r}: adapters follow --adapters")
-    spec = serve.ServeSpec(base_model, serve.parse_adapters([*adapters, *more_adapters]), port, host, engine,
+    from halo_train.config import resolve_base_model
+
+    spec = serve.ServeSpec(resolve_base_model(base_model, serve.ServeError), serve.parse_adapters([*adapters, *more_adapters]), port, host, engine,
                            tuple(shlex.split(vllm_args)))
     if dry_run:
         name, command, _ = serve.engine_process(spec)

@@ -69,6 +69,16 @@ def _split_list(value: Any) -> list[str] | None:
     return [str(v) for v in value]
 
 
+def resolve_base_model(name: str, error: type[Exception]) -> str:
+    """A known model's name (``halo-train models``) → its converted folder; anything else unchanged."""
+    from halo_agent.models import ModelResolveError, resolve_model
+
+    try:
+        return resolve_model(name)
+    except ModelResolveError as e:
+        raise error(str(e)) from None
+
+
 def _looks_like_local_path(name: str) -> bool:
     # A hub id is "name" or "org/name"; anything else (absolute, relative with ./ or ../, ~, deeper) is a path.
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
@@ -84,7 +94,7 @@ class TrainConfig:
     top_percent: float | None = _field(None, "Top-percent cut of progress_ranking that bc_rows keeps (view default 50).")
     params: dict = _field({}, "View parameters NAME=VALUE (gamma, omega, dpo_pairing, w_<component>).")
     as_of: str | None = _field(None, "Read the lake as of table versions (N, TABLE=N[,TABLE=N]) or an ISO time.")
-    base_model: str = _field("", "Base model: a local folder or a hub id.")
+    base_model: str = _field("", "Base model: a local folder, a known model name (halo-train models) or a hub id.")
     output_dir: str = _field("", "Folder for checkpoints and the final adapter; out/<job> by default.")
     run_id: str | None = _field(None, "Run id of the training run in the lake; derived from the job and time by default.")
     adapter_name: str | None = _field(None, "Name the adapter is served under (vllm --lora-modules NAME=DIR); by default halo-agent's eval mode names: qwen_worker_bc, qwen_worker_dpo (or halo-grpo), or for a vision-language base qwen3vl_bc, qwen3vl_dpo, qwen3vl_grpo.")
@@ -127,7 +137,8 @@ class TrainConfig:
             self.params = parse_params(list(self.params))
         self.params = dict(self.params or {})
         if not self.base_model:
-            raise TrainConfigError(f"{self.job_type}: give --base-model (a local model folder or a hub id)")
+            raise TrainConfigError(f"{self.job_type}: give --base-model (a local model folder, a known model name or a hub id)")
+        self.base_model = resolve_base_model(self.base_model, TrainConfigError)
         if _looks_like_local_path(self.base_model) and not Path(self.base_model).expanduser().exists():
             raise TrainConfigError(
                 f"base model path {self.base_model} does not exist: build a test model with "

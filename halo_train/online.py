@@ -66,7 +66,9 @@ from typing import Any, Callable, Iterator
 
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
-from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path
+from halo_train.config import (
+    GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, TrainConfigError, _field, _looks_like_local_path, resolve_base_model,
+)
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class OnlineError(TrainConfigError):
 class ServedLoopConfig:
     """What every loop over a served policy shares (online-grpo, mcts): the model, the engine, the tasks, the lake."""
 
-    base_model: str = _field("", "Base model folder (or hub id) the engine serves and the updates train on.")
+    base_model: str = _field("", "Base model folder, known model name (halo-train models) or hub id the engine serves and the updates train on.")
     env: str = _field("miniwob", "Environment (miniwob).")
     tasks: list = _field(["click-button"], "Tasks to train on, comma-separated.")
     iterations: int = _field(2, "Iterations (sample, update, reload) in all, counting those a resumed run already did.")
@@ -112,7 +114,8 @@ class ServedLoopConfig:
         if isinstance(self.tasks, str):
             self.tasks = [t.strip() for t in self.tasks.split(",") if t.strip()]
         if not self.base_model:
-            raise error("give --base-model (a local model folder or a hub id)")
+            raise error("give --base-model (a local model folder, a known model name or a hub id)")
+        self.base_model = resolve_base_model(self.base_model, error)
         if not self.tasks:
             raise error("give --tasks, e.g. --tasks click-button")
         if bool(self.engine_url) == bool(self.serve):

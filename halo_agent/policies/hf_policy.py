@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from halo_agent.actions import parse_for_observation
+from halo_agent.models import ModelResolveError, resolve_model
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,10 @@ class LocalChatModel:
         if choice_draw not in CHOICE_DRAWS:
             raise ValueError(f"choice_draw must be one of {', '.join(CHOICE_DRAWS)}, got {choice_draw!r}")
         self.choice_draw = choice_draw
-        self.model_path = str(model_path)
+        try:
+            self.model_path = resolve_model(model_path)  # a known model's name → its converted folder
+        except ModelResolveError as e:
+            raise ModelLoadError(str(e)) from None
         self.device = resolve_device(device)
         if dtype in (None, "", "auto"):
             torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
@@ -454,7 +458,7 @@ class HFPolicy:
         **_ignored: Any,
     ) -> None:
         if not model:
-            raise ModelLoadError("the hf policy needs --model: a local model folder")
+            raise ModelLoadError("the hf policy needs --model: a local model folder or a known model name (halo-train models)")
         if n < 1:
             raise ValueError("n must be at least 1")
         if temperature < 0:

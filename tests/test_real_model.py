@@ -1,0 +1,74 @@
+"""The one real pretrained model, SmolLM2-135M-Instruct, used by name: served by HALO's chat server, trained with LoRA.
+
+Everything else in the suite runs on tiny models; these few tests load the real one (converted into the model cache
+by .ci/setup) to show that the name resolves wherever a model folder is taken, and that the model answers a page.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
+from halo_agent.policies.hf_policy import LocalChatModel  # noqa: E402
+from halo_agent.policies.openai_policy import OpenAIPolicy  # noqa: E402
+from halo_agent.types import Element, Observation  # noqa: E402
+from halo_data.prompts import render_messages  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2-135m-instruct"
+ELEMENTS = (Element("4", "button", "Cancel", "click"), Element("5", "button", "Submit", "click"),
+            Element("6", "link", "Help", "click"))
+GOAL = 'Click on the "Submit" button.'
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ChatCompletionServer(LocalChatModel(NAME, device="cpu")) as s:
+        yield s
+
+
+def click_button_page() -> Observation:
+    page = "\n".join(f"[{e.bid}] {e.role} '{e.name}'" for e in ELEMENTS)
+    url = "file:///miniwob/click-button.html"
+    return Observation(goal=GOAL, url=url, axtree=page, elements=ELEMENTS, screenshot=None, screenshot_hash=None,
+                       messages=render_messages(GOAL, url, page, goal_last=True), history=(), step_idx=0,
+                       task_id="miniwob.click-button", extra={})
+
+
+def test_the_chat_server_serves_the_model_by_name_and_answers_a_page_within_its_actions(server, monkeypatch):
+    for var in ("HALO_VLLM_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert server.served_model_name == NAME  # the converted folder is named after the model
+    policy = OpenAIPolicy(model=NAME, base_url=server.url, temperature=0.0, constrain_actions=True, max_retries=0)
+    out = policy.act(click_button_page())
+    assert (out.action, out.parse_error, out.api_error) == ("click('5')", None, None)
+    assert len(out.logprobs) == out.completion_tokens > 0
+
+
+def test_a_lora_step_on_the_model_by_name_changes_its_adapter_weights(tmp_path):
+    from halo_train.backends import load_for_training
+    from halo_train.config import BCConfig
+    from halo_agent.models import resolve_model
+
+    cfg = BCConfig(lake=str(tmp_path / "lake"), base_model=NAME, target_modules="q_proj,v_proj", lora_r=8, lora_dropout=0.0)
+    assert cfg.base_model == resolve_model(NAME)
+    loaded = load_for_training(cfg)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    messages = click_button_page().messages[1:]  # a short sequence: the page without the system prompt
+    text = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": "click('5')"}], tokenize=False)
+    batch = tokenizer([text], return_tensors="pt")
+    trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.train()
+    loss = model(**batch, labels=batch["input_ids"]).loss
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss)
+    changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, trainable[n])]
+    assert len(changed) == len(trainable)
