@@ -63,14 +63,18 @@ TASK_FILE_HELP = "os: tasks from this file (HALO YAML, or LifelongAgentBench os_
 @click.option("--snapshot", type=click.Path(dir_okay=False), default=None, help="Write the task registry (ids, goals, sites, splits) to this JSON file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tasks as JSON lines.")
 @click.option("--task-file", type=click.Path(dir_okay=False, exists=True), default=None, help=TASK_FILE_HELP)
+@click.option("--task-seed", type=int, default=None, help="os: show each task's instance of this seed (its goal as a fourth column).")
 @run_cli
-def tasks(env_name: str, task_version: str | None, split: str, subset: str | None, snapshot: str | None, as_json: bool, task_file: str | None) -> None:
+def tasks(env_name: str, task_version: str | None, split: str, subset: str | None, snapshot: str | None, as_json: bool, task_file: str | None,
+          task_seed: int | None) -> None:
     """List an environment's tasks (and snapshot the registry)."""
     import datetime as dt
 
     from halo_agent.rollout import list_tasks, select_subset
 
-    specs = list_tasks(env_name, task_version=task_version, task_file=task_file)
+    if task_seed is not None and env_name != "os":
+        fail(f"--task-seed shows os task instances; {env_name} draws its instances at reset")
+    specs = list_tasks(env_name, task_version=task_version, task_file=task_file, task_seed=task_seed)
     if split != "all":
         specs = [t for t in specs if t.split == split]
     if subset:
@@ -97,6 +101,8 @@ def tasks(env_name: str, task_version: str | None, split: str, subset: str | Non
     for t in specs:
         if as_json:
             click.echo(json.dumps(t.to_dict(), sort_keys=True))
+        elif task_seed is not None:
+            click.echo(f"{t.task_id}\t{t.site}\t{t.split}\t{t.goal}")
         else:
             click.echo(f"{t.task_id}\t{t.site}\t{t.split}")
 
@@ -239,14 +245,16 @@ def eval_command(mode_names: str | None, modes_file: str | None, list_modes: boo
 @click.option("--max-rounds", type=int, default=5, show_default=True, help="Commands per sample before task_limit_reached.")
 @click.option("--timeout", "timeout_s", type=float, default=20.0, show_default=True, help="Seconds per command; then its process group is killed.")
 @click.option("--reward-map", default=None, help="Reward per outcome, e.g. correct=1,incorrect=-0.5,unknown=0 (the default).")
+@click.option("--task-seed", type=int, default=0, show_default=True, help="Seed of the task instances served (names, paths, answers).")
 @run_cli
-def serve_tasks(env_name: str, host: str, port: int, task_file: str | None, max_rounds: int, timeout_s: float, reward_map: str | None) -> None:
+def serve_tasks(env_name: str, host: str, port: int, task_file: str | None, max_rounds: int, timeout_s: float, reward_map: str | None,
+                task_seed: int) -> None:
     """Serve the os tasks over LifelongAgentBench's session protocol (/api/reset, /api/interact, ...)."""
     from halo_agent.envs.os_sandbox import check_host
     from halo_agent.task_server import build_service, serve
 
     check_host()
-    service = build_service(task_file, max_rounds, reward_map, timeout_s)
+    service = build_service(task_file, max_rounds, reward_map, timeout_s, task_seed)
     click.echo(f"serving {len(service.tasks)} {env_name} tasks on http://{host}:{port}/api (Ctrl-C stops)", err=True)
     serve(service, host, port)
 @main.command()

@@ -16,7 +16,7 @@ Every route is a POST under ``/api`` taking and returning JSON, in the shapes of
 - ``/get_sample_index_list`` -> ``{"sample_index_list": [...]}`` (HALO task names; a
   LifelongAgentBench file's own keys)
 - ``/reset`` ``{"session": Session}`` -> ``{"session": Session}``: a fresh sandbox with the task's
-  init run (the instance of ``--task-seed``); the chat history gets the instructions (user), an
+  init run (each sample is its task's instance of ``--task-seed``, 0 by default); the chat history gets the instructions (user), an
   acknowledgement (agent) and the task (user)
 - ``/interact``: the last chat item is the agent's answer. As in LifelongAgentBench, the round limit
   is checked first (a ``max_round``-th answer past the limit, a finish included, gives
@@ -154,8 +154,9 @@ class OSTaskService:
     """The protocol's logic, apart from HTTP (the routes call these)."""
 
     def __init__(self, tasks: Sequence[OSTask], sandbox_config: SandboxConfig | None = None,
-                 max_rounds: int = DEFAULT_MAX_ROUNDS, reward_map: RewardMap | None = None) -> None:
-        self.tasks = {sample_index_of(t): t for t in tasks}
+                 max_rounds: int = DEFAULT_MAX_ROUNDS, reward_map: RewardMap | None = None, task_seed: int = 0) -> None:
+        self.task_seed = int(task_seed)
+        self.tasks = {sample_index_of(t): t.instance(self.task_seed) for t in tasks}  # each sample: its seed's instance
         self.sandbox_config = sandbox_config or SandboxConfig()
         self.max_rounds = int(max_rounds)
         self.reward_map = reward_map or RewardMap()
@@ -418,8 +419,9 @@ def create_app(service: OSTaskService):
 
 
 def build_service(task_file: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS, reward_map: str | None = None,
-                  timeout_s: float = 20.0) -> OSTaskService:
-    return OSTaskService(load_tasks(task_file), SandboxConfig(timeout_s=timeout_s), max_rounds, RewardMap.parse(reward_map))
+                  timeout_s: float = 20.0, task_seed: int = 0) -> OSTaskService:
+    return OSTaskService(load_tasks(task_file), SandboxConfig(timeout_s=timeout_s), max_rounds, RewardMap.parse(reward_map),
+                         task_seed=task_seed)
 
 
 def serve(service: OSTaskService, host: str = "127.0.0.1", port: int = 5000) -> None:

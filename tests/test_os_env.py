@@ -8,7 +8,7 @@ import pytest
 
 from halo_agent.envs.os_env import FINISH, OS_PROMPT_VERSION, OSEnv, RewardMap, agent_turn, parse_os_action
 from halo_agent.envs.os_sandbox import Sandbox, check_host
-from halo_agent.envs.os_tasks import CATEGORIES, TaskFileError, load_tasks
+from halo_agent.envs.os_tasks import CATEGORIES, OSTask, TaskFileError, load_tasks
 from halo_agent.types import PolicyOutput
 
 try:
@@ -47,25 +47,54 @@ def test_halo_ships_at_least_30_tasks_over_every_category():
     assert sum(t.short for t in tasks) >= 10
 
 
+def reference_check(task) -> tuple | None:
+    """None when the instance's evaluation fails after its init alone and passes after its reference solution."""
+    with Sandbox() as box:
+        init = box.run(task.init.script, interpreter=task.init.interpreter)
+        before = box.run(task.evaluation.script, interpreter=task.evaluation.interpreter)
+        box.run(task.solution.script, interpreter=task.solution.interpreter)
+        after = box.run(task.evaluation.script, interpreter=task.evaluation.interpreter)
+    if init.exit_code != 0 or before.exit_code == 0 or after.exit_code != 0:
+        return (task.task_id, task.task_seed, init.exit_code, before.exit_code, after.exit_code, init.output[-200:], after.output[-200:])
+    return None
+
+
+TASK_SEEDS = (1, 2)
+
+
+def test_the_task_seed_changes_most_goals_and_names_one_instance_everywhere():
+    tasks = load_tasks()
+    first, second = ([t.instance(seed) for t in tasks] for seed in TASK_SEEDS)
+    changed = [a.task_id for a, b in zip(first, second) if a.instruction != b.instruction]
+    assert len(changed) >= 30, f"only {len(changed)} of {len(tasks)} goals change with the task seed"
+    assert all("{{" not in t.instruction + t.init.script + t.evaluation.script + t.solution.script for t in first)
+    # The same seed is the same instance, through a TaskSpec (as a rollout worker gets it) too.
+    spec = tasks[0].to_spec(TASK_SEEDS[0])
+    assert spec.goal == first[0].instruction == OSTask.from_spec(spec).instance(TASK_SEEDS[0]).instruction
+    assert OSEnv.list_tasks(task_seed=TASK_SEEDS[1])[0].goal == second[0].instruction
+
+
 @needs_sandbox
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["halo", "lifelongagentbench"])
 def test_every_evaluation_fails_before_the_reference_solution_and_passes_after(source, tmp_path):
     if source == "halo":
-        tasks = load_tasks()
+        instances = [t.instance(seed) for t in load_tasks() for seed in TASK_SEEDS]
     else:
         (tmp_path / "lab.json").write_text(json.dumps(LAB_SAMPLES))
-        tasks = load_tasks(tmp_path / "lab.json")
-    wrong = []
-    for task in tasks:
-        with Sandbox() as box:
-            init = box.run(task.init.script, interpreter=task.init.interpreter)
-            before = box.run(task.evaluation.script, interpreter=task.evaluation.interpreter)
-            box.run(task.solution.script, interpreter=task.solution.interpreter)
-            after = box.run(task.evaluation.script, interpreter=task.evaluation.interpreter)
-        if init.exit_code != 0 or before.exit_code == 0 or after.exit_code != 0:
-            wrong.append((task.task_id, init.exit_code, before.exit_code, after.exit_code, after.output[-200:]))
+        instances = [t.instance(0) for t in load_tasks(tmp_path / "lab.json")]
+    wrong = [failure for failure in map(reference_check, instances) if failure]
     assert wrong == []
+
+
+def test_bad_templates_are_one_clear_error(tmp_path):
+    path = tmp_path / "tasks.yaml"
+    path.write_text("tasks: [{id: a, instruction: 'make {{nme}}', evaluation: 'true', solution: 'true', params: {name: {choice: [x]}}}]")
+    with pytest.raises(TaskFileError, match="task a: .*no parameter 'nme'"):
+        load_tasks(path)
+    path.write_text("tasks: [{id: a, instruction: x, evaluation: 'true', solution: 'true', params: {n: {int: [5]}}}]")
+    with pytest.raises(TaskFileError, match=r"parameter n: int takes \[lo, hi\]"):
+        load_tasks(path)
 
 
 def test_lifelongagentbench_json_becomes_tasks(tmp_path):
@@ -158,6 +187,7 @@ class ScriptedPolicy:
 
 
 def _run_episode(lake, task_id, answers, run_id="os-test", **env_options):
+    """One episode of ``task_id``; ``{solution}`` in an answer is the reference solution of the episode's instance."""
     from halo_agent.rewards import RewardConfig
     from halo_agent.rollout import EpisodeRunner, RolloutConfig, plan_episodes
     from halo_data.writer import EpisodeWriter
@@ -165,6 +195,8 @@ def _run_episode(lake, task_id, answers, run_id="os-test", **env_options):
     config = RolloutConfig(env="os", tasks=[task_id], lake=str(lake.root), run_id=run_id, policy="scripted")
     task = next(t for t in OSEnv.list_tasks() if t.task_id == task_id)
     spec = plan_episodes(config, run_id, [task])[0]
+    solution = OSTask.from_spec(task).instance(spec.task_seed).solution.script
+    answers = [a.replace("{solution}", solution) for a in answers]
     env = OSEnv(**env_options)
     try:
         result = EpisodeRunner(config, run_id, env, ScriptedPolicy(answers), RewardConfig.load()).run(spec)
@@ -178,19 +210,22 @@ def _run_episode(lake, task_id, answers, run_id="os-test", **env_options):
 
 @needs_sandbox
 def test_a_solved_task_lands_in_the_lake_as_os_steps_with_reward_one(lake):
-    answers = ["Think: make it\nAct: bash\n```bash\nuseradd alice\n```", "Act: finish"]
+    answers = ["Think: make it\nAct: bash\n```bash\n{solution}\n```", "Act: finish"]
     result = _run_episode(lake, "os.users-add", answers)
+    solution = result.steps[0].action
+    assert solution.startswith("useradd ")
     assert result.episode.success and result.episode.task_reward == 1.0 and result.episode.terminated
     rows = lake.query_arrow(
         "select env, site, step_idx, action, prompt, prompt_version, observation, r_success, logprobs "
         "from steps order by step_idx"
     ).to_pylist()
-    assert [r["action"] for r in rows] == ["useradd alice", FINISH]
+    assert [r["action"] for r in rows] == [solution, FINISH]
     assert {r["env"] for r in rows} == {"os"} and rows[0]["site"] == "users"
     assert {r["prompt_version"] for r in rows} == {OS_PROMPT_VERSION}
     second_prompt = json.loads(rows[1]["prompt"])
     assert [m["role"] for m in second_prompt] == ["system", "user", "assistant", "user"]
-    assert second_prompt[2]["content"] == agent_turn("useradd alice")
+    assert second_prompt[1]["content"] == f"Create a user account named {solution.split()[-1]}."  # the instance's goal
+    assert second_prompt[2]["content"] == agent_turn(solution)
     assert rows[1]["observation"] == "The output of the OS is empty."
     assert [r["r_success"] for r in rows] == [0.0, 1.0]
     assert rows[0]["logprobs"] == [-0.5, -0.25]

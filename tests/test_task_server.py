@@ -25,6 +25,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from halo_agent.envs.os_sandbox import HOST_ID_BASE, check_host  # noqa: E402
+from halo_agent.envs.os_tasks import load_tasks  # noqa: E402
+from halo_agent.task_server import sample_index_of  # noqa: E402
 
 try:
     check_host()
@@ -33,6 +35,9 @@ except Exception as e:
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_ROUNDS = 2
+TASK_SEED = 3
+# The oracle's knowledge: each sample's instance of the served task seed (its goal and reference solution).
+INSTANCES = {sample_index_of(t): t.instance(TASK_SEED) for t in load_tasks()}
 
 
 class LabTaskClient:
@@ -116,7 +121,7 @@ def server():
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-m", "halo_agent.cli", "serve-tasks", "--env", "os", "--port", str(port),
-                                "--max-rounds", str(MAX_ROUNDS), "--timeout", "10"], env=env, stderr=subprocess.PIPE, text=True)
+                                "--max-rounds", str(MAX_ROUNDS), "--timeout", "10", "--task-seed", str(TASK_SEED)], env=env, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 60
     while True:
@@ -150,11 +155,12 @@ def test_a_run_experiment_loop_with_their_client_shapes(server):
     indices = task.get_sample_index_list()
     assert "users-add" in indices and len(indices) == 42
 
-    solved = run_sample(task, "users-add", [bash("useradd alice && id -un alice"), "Think: done\nAct: finish"])
+    user = INSTANCES["users-add"].values["user"]
+    solved = run_sample(task, "users-add", [bash(f"useradd {user} && id -un {user}"), "Think: done\nAct: finish"])
     history = solved["chat_history"]["value"]
     assert [m["role"] for m in history] == ["user", "agent", "user", "agent", "user", "agent"]
-    assert history[2]["content"] == "Create a user account named alice."
-    assert history[4] == {"role": "user", "content": "The output of the OS:\n\nalice\n"}
+    assert history[2]["content"] == f"Create a user account named {user}."  # the instance of --task-seed
+    assert history[4] == {"role": "user", "content": f"The output of the OS:\n\n{user}\n"}
     assert solved["sample_status"] == "completed"
     assert solved["evaluation_record"] == {"outcome": "correct", "detail_dict": {"reward": 1.0}}
 
@@ -163,7 +169,7 @@ def test_a_run_experiment_loop_with_their_client_shapes(server):
     assert invalid["evaluation_record"]["outcome"] == "incorrect"
 
     # The round limit is checked before the answer: two commands, then a finish is task_limit_reached.
-    limited = run_sample(task, "files-make-dirs", [bash("ls /"), bash("mkdir -p /srv/data/2024/logs"), "Act: finish"])
+    limited = run_sample(task, "files-make-dirs", [bash("ls /"), bash(INSTANCES["files-make-dirs"].solution.script), "Act: finish"])
     assert limited["sample_status"] == "task_limit_reached"
     assert limited["finish_reason"] == f"Task limit reached. The limit is {MAX_ROUNDS}."
     assert limited["evaluation_record"]["outcome"] == "correct"  # the work was done before the limit
@@ -224,7 +230,7 @@ def test_what_their_server_refuses_is_refused_with_their_status_codes(server):
                                                   "evaluation_record": {"outcome": "correct", "detail_dict": None}}])
     assert code == 500 and "unknown sample indices" in text
     # The session itself still goes on: the refused requests changed nothing.
-    session["chat_history"]["value"].append({"role": "agent", "content": bash("userdel erin")})
+    session["chat_history"]["value"].append({"role": "agent", "content": bash(INSTANCES["users-delete"].solution.script)})
     task.interact(session)
     session["chat_history"]["value"].append({"role": "agent", "content": "Act: finish"})
     task.interact(session)

@@ -1,7 +1,7 @@
 """The OS-interaction environment (``--env os``): bash tasks, one throwaway sandbox per sample.
 
     env = OSEnv()                                   # tasks: configs/os_tasks.yaml, or task_file=...
-    page = env.reset(task, task_seed=0)             # a fresh sandbox, the task's init script run
+    page = env.reset(task, task_seed=3)             # a fresh sandbox, the init of the task's seed-3 instance run
     outcome = env.step("touch /srv/app/ready")      # the command's output is the next observation
     outcome = env.step(FINISH)                      # evaluation: +1 correct, -0.5 incorrect, 0 unknown
     env.close()
@@ -236,8 +236,9 @@ class OSEnv:
         self.session: OSSession | None = None
 
     @classmethod
-    def list_tasks(cls, task_file: str | None = None, **_: Any) -> list[TaskSpec]:
-        return [t.to_spec() for t in load_tasks(task_file)]
+    def list_tasks(cls, task_file: str | None = None, task_seed: int | None = None, **_: Any) -> list[TaskSpec]:
+        """The tasks, each goal that of the instance of ``task_seed`` (0 by default); a reset draws its own seed's."""
+        return [t.to_spec(task_seed or 0) for t in load_tasks(task_file)]
 
     @classmethod
     def subsets(cls, task_file: str | None = None) -> dict[str, list[str]]:
@@ -251,7 +252,7 @@ class OSEnv:
     def reset(self, task: TaskSpec, task_seed: int) -> PageState:
         self._end_session()
         try:
-            os_task = OSTask.from_spec(task)
+            os_task = OSTask.from_spec(task).instance(task_seed)
         except ValueError as e:
             raise UnknownTaskError(str(e)) from None
         self.session = OSSession(os_task, self.sandbox_config, self.max_rounds)

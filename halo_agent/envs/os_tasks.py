@@ -1,15 +1,20 @@
 """OS-interaction tasks: HALO's own set (``configs/os_tasks.yaml``) and LifelongAgentBench's JSON format.
 
 A task is an instruction, an initialization script that prepares a fresh sandbox, an evaluation
-script whose exit code 0 means the task is done, and a reference solution. HALO's set is YAML::
+script whose exit code 0 means the task is done, and a reference solution. HALO's set is YAML; each
+task is a template whose ``params`` are drawn from the task seed (``halo_agent.envs.os_templates``),
+so names, paths, file contents, users and expected answers differ between instances::
 
     tasks:
       - id: files-create-empty
         category: files            # files | permissions | processes | text | users (the step's site)
-        instruction: Create an empty file /srv/app/ready.
-        init: mkdir -p /srv/app
-        evaluation: test -f /srv/app/ready && test ! -s /srv/app/ready
-        solution: touch /srv/app/ready
+        params:
+          dir: {choice: [/srv/app, /srv/web]}
+          file: {choice: [ready, done]}
+        instruction: Create an empty file named {{file}} in the folder {{dir}}.
+        init: mkdir -p {{dir}}
+        evaluation: test -f {{dir}}/{{file}} && test ! -s {{dir}}/{{file}}
+        solution: touch {{dir}}/{{file}}
         skills: [touch]
         difficulty: 0              # 0, 1, 2, ...: the task server's metric per difficulty level
         short: true                # one short command solves it (the learning subset)
@@ -24,7 +29,9 @@ LifelongAgentBench's ``os_interaction`` data is one JSON object keyed by sample 
            "raw_entry_hash": "..."}}
 
 ``load_tasks(path)`` reads either (by content); a LifelongAgentBench sample ``7`` becomes task
-``os.lab-7``. Tasks travel to rollout workers inside their ``TaskSpec`` (``extra`` holds the scripts).
+``os.lab-7`` (no parameters: every seed gives the same instance). ``task.instance(seed)`` is the
+task of one seed, its scripts filled in. Tasks travel to rollout workers inside their ``TaskSpec``
+(``extra`` holds the templates and parameters; ``goal`` is the instance of the seed listed).
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from halo_agent.envs.base import TaskSpec
+from halo_agent.envs.os_templates import TemplateError, check_params, draw, render
 
 ENV_NAME = "os"
 TASK_PREFIX = "os."
@@ -71,14 +79,35 @@ class OSTask:
     short: bool = False
     source: str = "halo"  # halo | lifelongagentbench
     difficulty: int = 0  # LifelongAgentBench's difficulty level (its own samples are all 0)
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # drawn per task seed
+    task_seed: int | None = None  # set on an instance: the seed its parameters were drawn from
+    values: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # an instance's drawn parameters
 
-    def to_spec(self) -> TaskSpec:
+    def instance(self, task_seed: int) -> "OSTask":
+        """The task of one seed: parameters drawn, placeholders filled (the same task where it has no parameters)."""
+        if self.task_seed is not None:
+            raise ValueError(f"{self.task_id} is already the instance of task seed {self.task_seed}")
+        values = draw(self.params, self.task_id, int(task_seed))
+        fill = (lambda text: render(text, values)) if self.params else (lambda text: text)
+        return dataclasses.replace(
+            self, instruction=fill(self.instruction), task_seed=int(task_seed), values=values,
+            init=Script(fill(self.init.script), self.init.interpreter),
+            evaluation=Script(fill(self.evaluation.script), self.evaluation.interpreter),
+            solution=Script(fill(self.solution.script), self.solution.interpreter),
+        )
+
+    def to_spec(self, task_seed: int = 0) -> TaskSpec:
+        """The task as a ``TaskSpec``: the templates in ``extra``, the goal of ``task_seed``'s instance."""
+        if self.task_seed is not None:
+            raise ValueError(f"{self.task_id}: make the spec from the task, not from an instance")
         return TaskSpec(
             task_id=self.task_id,
             env=ENV_NAME,
             site=self.category,
-            goal=self.instruction,
+            goal=self.instance(task_seed).instruction,
             extra={
+                "instruction": self.instruction,
+                "params": dict(self.params),
                 "init": dataclasses.asdict(self.init),
                 "evaluation": dataclasses.asdict(self.evaluation),
                 "solution": dataclasses.asdict(self.solution),
@@ -97,7 +126,8 @@ class OSTask:
             raise TaskFileError(f"task {spec.task_id} carries no {' or '.join(missing)} script: it is not an os task")
         return cls(
             task_id=spec.task_id,
-            instruction=spec.goal or "",
+            instruction=str(extra.get("instruction") or spec.goal or ""),
+            params=check_params(extra.get("params")),
             init=Script(**extra["init"]),
             evaluation=Script(**extra["evaluation"]),
             solution=Script(**extra.get("solution") or {"script": ""}),
@@ -113,15 +143,20 @@ def _halo_task(raw: Any, path: Path) -> OSTask:
     if not isinstance(raw, dict) or not raw.get("id"):
         raise TaskFileError(f"{path}: every task needs an id, got {str(raw)[:80]!r}")
     name = str(raw["id"])
-    unknown = set(raw) - {"id", "category", "instruction", "init", "evaluation", "solution", "skills", "short", "difficulty"}
+    unknown = set(raw) - {"id", "category", "params", "instruction", "init", "evaluation", "solution", "skills", "short", "difficulty"}
     if unknown:
         raise TaskFileError(f"{path}: task {name} has unknown field(s) {', '.join(sorted(unknown))}")
     for key in ("instruction", "evaluation", "solution"):
         if not str(raw.get(key) or "").strip():
             raise TaskFileError(f"{path}: task {name} needs a non-empty {key}")
     category = str(raw.get("category") or "os")
-    return OSTask(
+    try:
+        params = check_params(raw.get("params"))
+    except TemplateError as e:
+        raise TaskFileError(f"{path}: task {name}: {e}") from None
+    task = OSTask(
         task_id=TASK_PREFIX + name,
+        params=params,
         instruction=str(raw["instruction"]).strip(),
         init=Script(str(raw.get("init") or "true")),
         evaluation=Script(str(raw["evaluation"])),
@@ -131,6 +166,11 @@ def _halo_task(raw: Any, path: Path) -> OSTask:
         short=bool(raw.get("short", False)),
         difficulty=_difficulty(raw.get("difficulty", 0), path, name),
     )
+    try:
+        task.instance(0)  # every placeholder names a parameter and fills to text
+    except TemplateError as e:
+        raise TaskFileError(f"{path}: task {name}: {e}") from None
+    return task
 
 
 def _difficulty(value: Any, path: Path, name: str) -> int:
