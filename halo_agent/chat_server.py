@@ -26,9 +26,31 @@ through its processor, as vLLM serves it, and a text model sees ``<image>`` wher
 A guided-choice request is answered with one of the choices, drawn as vLLM's structured output
 draws it: each decoding step masked to the tokens that continue an allowed choice, sampled from the
 renormalised distribution at the temperature (so only the places where the choices part decide;
-``--choice-draw sequence`` draws by whole-sequence probability instead). Its logprobs list every
-choice token and the EOS under the model's raw distribution (choice tokens, then EOS: what the GRPO
-trainer scores for the same completion), so a stored ``logprob_sum`` is the trainer's log pi(completion + EOS).
+``--choice-draw sequence`` draws by whole-sequence probability instead).
+
+Token-exact answers, in vLLM's shapes:
+
+- ``logprobs: true`` (with ``top_logprobs: K``) gives ``choices[i].logprobs.content``: one entry per token of
+  the completion (``token``, ``logprob``, ``bytes``, ``top_logprobs``), EOS included where generation stopped
+  on it. A guided choice's tokens are the choice's tokens, then EOS; its ``top_logprobs`` list the tokens the
+  mask allowed at each position. Logprobs below -9999 (top-p's cut tokens) are given as -9999.0, as vLLM does.
+- ``return_tokens_as_token_ids: true`` (vLLM's request field) writes each ``token`` as ``"token_id:N"``;
+  ``bytes`` stay those of the decoded token.
+- ``return_token_ids: true`` (vLLM) adds ``choices[i].token_ids`` (the same tokens) and ``prompt_token_ids``.
+- ``prompt_logprobs: K`` (vLLM, 0 to 20) adds the top-level ``prompt_logprobs``: ``null`` for the first prompt
+  token, then for each prompt token ``{"<token id>": {"logprob", "rank", "decoded_token"}}`` for the token
+  itself and the K most likely there, under the model's raw distribution (rank 1 = most likely).
+- Each logprob is that of the distribution the token was drawn from (``--logprobs-mode processed_logprobs``,
+  the default, as vLLM's flag): plain sampling, the softmax at the temperature with top-p applied; a guided
+  choice under the mask, the token's share of the allowed tokens at the temperature where the choices part,
+  0.0 where a token is forced (a whole choice's logprobs sum to the log-probability it was drawn with);
+  ``--choice-draw sequence``, the whole-sequence draw token by token (the weight of the choices through the
+  token over that of those through its prefix). At temperature 0 (greedy) the same distributions at
+  temperature 1. ``--logprobs-mode raw_logprobs`` reports the model's raw log-softmax instead (before
+  temperature, top-p and mask: what a trainer computes for the same tokens).
+- Each choice carries ``halo_logprobs_mode`` (``processed_logprobs`` or ``raw_logprobs``) and ``halo_draw``:
+  ``masked_choice`` (a guided choice, masked token by token), ``sequence_choice`` (``--choice-draw sequence``),
+  ``sample`` (plain sampling) or ``greedy`` (temperature 0, guided or not).
 
 It is meant for tests and small local models; use vLLM for anything large.
 """
@@ -49,7 +71,7 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
-from halo_agent.policies.hf_policy import CHOICE_DRAWS, AdapterNotFoundError, LocalChatModel, ModelLoadError
+from halo_agent.policies.hf_policy import CHOICE_DRAWS, LOGPROBS_MODES, AdapterNotFoundError, LocalChatModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +79,7 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_CHOICES = 512
+MIN_LOGPROB = -9999.0  # vLLM's floor for a logprob in an answer (JSON has no -inf)
 
 
 class RequestError(Exception):
@@ -243,6 +266,13 @@ class ChatCompletionServer(LocalHTTPServer):
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         want_logprobs = bool(body.get("logprobs"))
         top_logprobs = int(_number(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)) if want_logprobs else 0
+        as_token_ids = bool(body.get("return_tokens_as_token_ids"))
+        return_token_ids = bool(body.get("return_token_ids"))
+        prompt_top = body.get("prompt_logprobs")
+        if prompt_top is not None:
+            prompt_top = int(_number(body, "prompt_logprobs", 0, 0, MAX_TOP_LOGPROBS))
+        if prompt_top is not None and getattr(self.engine, "processor", None) is not None:
+            raise RequestError("prompt_logprobs of a vision-language model are not supported by this server", param="prompt_logprobs")
         choices = _choices(body)
         received = {"model": model, "n": n, "temperature": temperature, "max_tokens": max_tokens, "seed": seed,
                     "logprobs": want_logprobs, "messages": len(body["messages"]), "choices": choices, **images}
@@ -253,43 +283,64 @@ class ChatCompletionServer(LocalHTTPServer):
             raise RequestError("a guided choice with image inputs is not supported by this server: send the request "
                                "without structured_outputs, or serve the model with vLLM", param="structured_outputs")
         if choices is not None:
-            batch = self.engine.choose(body["messages"], choices, n=n, temperature=temperature, seed=seed, adapter=adapter)
+            batch = self.engine.choose(body["messages"], choices, n=n, temperature=temperature, seed=seed, adapter=adapter,
+                                       top_logprobs=top_logprobs)
         else:
             batch = self.engine.generate(
                 body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
                 seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
             )
-        choices = []
+        answer_choices = []
         for i, g in enumerate(batch.generations):
-            logprobs = None
-            if want_logprobs:
-                content = []
-                for j, (token, lp) in enumerate(zip(g.tokens, g.logprobs)):
-                    entry = {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
-                    if g.top_logprobs:
-                        entry["top_logprobs"] = [
-                            {"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in g.top_logprobs[j]
-                        ]
-                    content.append(entry)
-                logprobs = {"content": content, "refusal": None}
-            choices.append(
-                {"index": i, "message": {"role": "assistant", "content": g.text, "refusal": None},
-                 "logprobs": logprobs, "finish_reason": g.finish_reason}
-            )
+            choice = {"index": i, "message": {"role": "assistant", "content": g.text, "refusal": None},
+                      "logprobs": self._logprobs(g, as_token_ids) if want_logprobs else None,
+                      "finish_reason": g.finish_reason, "stop_reason": None,
+                      "halo_logprobs_mode": g.logprobs_mode, "halo_draw": g.draw}
+            if return_token_ids:
+                choice["token_ids"] = list(g.token_ids)
+            answer_choices.append(choice)
         completion_tokens = sum(len(g.token_ids) for g in batch.generations)
         received["usage"] = {"prompt_tokens": batch.prompt_tokens, "completion_tokens": completion_tokens}
-        return {
+        answer = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": choices,
+            "choices": answer_choices,
             "usage": {
                 "prompt_tokens": batch.prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": batch.prompt_tokens + completion_tokens,
             },
         }
+        if prompt_top is not None:
+            answer["prompt_logprobs"] = self._prompt_logprobs(batch.prompt_token_ids, prompt_top, adapter)
+        if return_token_ids:
+            answer["prompt_token_ids"] = batch.prompt_token_ids
+        return answer
+
+    def _token(self, token_id: int, as_token_id: bool) -> tuple[str, list[int]]:
+        """A token as the answer names it (its text, or vLLM's ``token_id:N``), and its decoded text's bytes."""
+        text = self.engine.tokenizer.decode([token_id])
+        return (f"token_id:{token_id}" if as_token_id else text), list(text.encode("utf-8", errors="replace"))
+
+    def _logprobs(self, generation: Any, as_token_ids: bool) -> dict[str, Any]:
+        content = []
+        for j, (token_id, lp) in enumerate(zip(generation.token_ids, generation.logprobs)):
+            token, data = self._token(token_id, as_token_ids)
+            entry = {"token": token, "logprob": max(lp, MIN_LOGPROB), "bytes": data, "top_logprobs": []}
+            for other, value in (generation.top_logprobs[j] if generation.top_logprobs else []):
+                name, other_data = self._token(other, as_token_ids)
+                entry["top_logprobs"].append({"token": name, "logprob": max(value, MIN_LOGPROB), "bytes": other_data})
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+    def _prompt_logprobs(self, prompt_ids: list[int], top: int, adapter: str | None) -> list[dict[str, Any] | None]:
+        decode = self.engine.tokenizer.decode
+        return [None if entry is None else
+                {str(token): {"logprob": max(lp, MIN_LOGPROB), "rank": rank, "decoded_token": decode([token])}
+                 for token, (lp, rank) in entry.items()}
+                for entry in self.engine.prompt_logprobs(prompt_ids, top, adapter)]
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         server = self
@@ -366,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--choice-draw", choices=CHOICE_DRAWS, default="token",
                         help="how a guided choice is drawn: token (masked step by step, as vLLM) | sequence (in proportion "
                              "to each choice's whole-sequence probability, this server's draw before 2026-11-27)")
+    parser.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
+                        help="the logprobs answered, as vLLM's flag: processed_logprobs (of the distribution each token was "
+                             "drawn from: temperature, top-p, a guided choice's mask) | raw_logprobs (the model's log-softmax)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")
@@ -380,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         adapters[name] = path
 
     def build() -> ChatCompletionServer:
-        engine = LocalChatModel(args.model, adapters=adapters, device=args.device, choice_draw=args.choice_draw)
+        engine = LocalChatModel(args.model, adapters=adapters, device=args.device, choice_draw=args.choice_draw,
+                                logprobs_mode=args.logprobs_mode)
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,

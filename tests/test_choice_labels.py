@@ -57,7 +57,10 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """HALO's chat server around a tiny model with random weights (no warm-up: the labels' scoring, not skill)."""
+    """HALO's chat server around a tiny model with random weights (no warm-up: the labels' scoring, not skill).
+
+    It answers raw logprobs (the model's own distribution), which these tests compare with what the trainer
+    computes for the same answer, and by which covering ranks the forced choices."""
     from halo_agent.chat_server import ChatCompletionServer
     from halo_agent.policies.hf_policy import LocalChatModel
     from halo_train.tiny_model import build_tiny_model
@@ -65,7 +68,7 @@ def served(tmp_path_factory):
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     folder = build_tiny_model(tmp_path_factory.mktemp("labels") / "tiny", vocab_size=1024)
-    with ChatCompletionServer(LocalChatModel(str(folder), device="cpu"), served_model_name="tiny") as server:
+    with ChatCompletionServer(LocalChatModel(str(folder), device="cpu", logprobs_mode="raw_logprobs"), served_model_name="tiny") as server:
         yield server
     torch.set_num_threads(previous)
 

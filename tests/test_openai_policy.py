@@ -422,7 +422,8 @@ def _post(server, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())["error"]
 
 
-def test_guided_choice_answers_only_allowed_choices_with_the_trainers_logprobs(server):
+def test_guided_choice_answers_only_allowed_choices_with_the_draws_or_the_trainers_logprobs(server):
+    from halo_agent.policies.hf_policy import masked_choice_logprobs
     from halo_data import prompts
     from halo_train.grpo import completion_logprobs
 
@@ -433,13 +434,27 @@ def test_guided_choice_answers_only_allowed_choices_with_the_trainers_logprobs(s
     texts = [c["message"]["content"] for c in answer["choices"]]
     assert set(texts) <= set(CHOICES)
     engine = server.engine
-    with engine.model.disable_adapter():  # "tiny" is the base model
+    prompt_ids, _ = engine.chat_prompt(TEXT_MESSAGES)
+    completions = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id] for c in CHOICES]
+    with torch.inference_mode(), engine.model.disable_adapter():  # "tiny" is the base model
+        drawn_with = masked_choice_logprobs(completions, engine._score(prompt_ids, completions), temperature=2.0)
         expected = {c: completion_logprobs(engine.model, engine.tokenizer, prompts.dumps(TEXT_MESSAGES), c) for c in CHOICES}
     for choice in answer["choices"]:
         content = choice["logprobs"]["content"]
-        assert content[-1]["token"] == "<|im_end|>"  # the EOS is scored, as the trainer scores it
-        assert sum(t["logprob"] for t in content) == pytest.approx(expected[choice["message"]["content"]], abs=1e-4)
+        assert content[-1]["token"] == "<|im_end|>"  # the EOS is one of the choice's tokens, as the trainer scores it
+        # Processed (the default): a choice's logprobs sum to the log-probability the masked draw gave it.
+        assert sum(t["logprob"] for t in content) == pytest.approx(drawn_with[CHOICES.index(choice["message"]["content"])], abs=1e-4)
         assert choice["finish_reason"] == "stop"
+        assert (choice["halo_logprobs_mode"], choice["halo_draw"]) == ("processed_logprobs", "masked_choice")
+    # Raw: the model's own distribution, what the trainer computes for the same completion.
+    engine.logprobs_mode = "raw_logprobs"
+    try:
+        for choice in _post(server, body)[1]["choices"]:
+            content = choice["logprobs"]["content"]
+            assert sum(t["logprob"] for t in content) == pytest.approx(expected[choice["message"]["content"]], abs=1e-4)
+            assert choice["halo_logprobs_mode"] == "raw_logprobs"
+    finally:
+        engine.logprobs_mode = "processed_logprobs"
 
     # Temperature 0 is the most likely choice: the base answers click('12'), the adapter click('13'); the older field works too.
     greedy = {"messages": TEXT_MESSAGES, "temperature": 0, "guided_choice": list(reversed(CHOICES))}

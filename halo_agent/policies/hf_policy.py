@@ -6,9 +6,16 @@ completions, with the log-probability of every sampled token. ``HFPolicy`` wraps
 it as a HALO policy; ``halo_agent.chat_server`` serves it over the OpenAI
 protocol.
 
-Log-probabilities are those of the model's own distribution (log-softmax of the
-raw logits, before temperature or top-p), as vLLM and the OpenAI API report them,
-so behaviour logprobs mean the same thing whichever serves the policy.
+Log-probabilities are, by default, those of the distribution each token was drawn
+from (``logprobs_mode="processed_logprobs"``, vLLM's ``--logprobs-mode
+processed_logprobs``): the softmax at the temperature, top-p applied, for plain
+sampling; the masked, renormalised distribution for a guided choice (a forced token
+0.0); at temperature 0 (greedy) the same distributions at temperature 1.
+``logprobs_mode="raw_logprobs"`` gives the model's own log-softmax of the raw logits
+instead, before temperature, top-p or mask. Each ``Generation`` names its mode and
+its draw (``masked_choice``, ``sequence_choice``, ``sample``, ``greedy``), and its
+``token_ids`` are the tokens generated, EOS included where generation stopped on it,
+one logprob each.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any, Mapping, Sequence
 
 from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
+from halo_agent.policies.guided_choice import (greedy_masked_choice, masked_choice_logprobs, masked_token_logprobs,
+                                               sequence_token_logprobs)
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -40,20 +49,27 @@ class AdapterNotFoundError(ModelLoadError):
     """No adapter folder (``adapter_config.json``) at the path given."""
 
 
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+DRAWS = ("masked_choice", "sequence_choice", "sample", "greedy")
+
+
 @dataclasses.dataclass
 class Generation:
     text: str
-    token_ids: list[int]
-    tokens: list[str]
-    logprobs: list[float]  # of each sampled token, under the model's raw distribution
-    finish_reason: str  # "stop" (end of sequence) | "length" (hit max_new_tokens)
-    top_logprobs: list[list[tuple[str, float]]] | None = None
+    token_ids: list[int]  # the tokens generated, EOS included where generation stopped on it
+    tokens: list[str]  # each token decoded alone
+    logprobs: list[float]  # one per token, under the distribution ``logprobs_mode`` names
+    finish_reason: str  # "stop" (end of sequence, stop string, a whole choice) | "length" (hit max_new_tokens)
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (token id, logprob), most likely first
+    draw: str = "sample"  # one of DRAWS: how the tokens were drawn
+    logprobs_mode: str = "processed_logprobs"  # one of LOGPROBS_MODES
 
 
 @dataclasses.dataclass
 class GenerationBatch:
     generations: list[Generation]
     prompt_tokens: int
+    prompt_token_ids: list[int] | None = None
 
 
 def flatten_content(content: Any) -> tuple[str, int]:
@@ -99,54 +115,6 @@ def resolve_device(device: str | None) -> str:
 CHOICE_DRAWS = ("token", "sequence")
 
 
-def _branches(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]]) -> dict[tuple[int, ...], dict[int, float]]:
-    """For every prefix the choices share: the tokens allowed next and each one's raw logprob there (the same for
-    every choice with that prefix, since the model saw the same context)."""
-    nodes: dict[tuple[int, ...], dict[int, float]] = {}
-    for tokens, lps in zip(completions, token_logprobs):
-        for j, (token, lp) in enumerate(zip(tokens, lps)):
-            nodes.setdefault(tuple(tokens[:j]), {})[token] = float(lp)
-    return nodes
-
-
-def masked_choice_logprobs(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]],
-                           temperature: float = 1.0) -> list[float]:
-    """Each choice's log-probability when decoding is masked, step by step, to the tokens that continue an allowed
-    choice and sampled at ``temperature`` (vLLM's guided choice): the sum, over the places where the choices part,
-    of the chosen token's share of the allowed ones. A token every remaining choice shares is forced (log 1).
-    The results are the log-probabilities of one distribution over the choices (they sum to 1 in probability)."""
-    import math
-
-    nodes = _branches(completions, token_logprobs)
-    # Each place where the choices part, normalised once: log sum exp(lp / T) over its allowed tokens.
-    norms = {}
-    for prefix, allowed in nodes.items():
-        if len(allowed) > 1:
-            top = max(allowed.values()) / temperature
-            norms[prefix] = top + math.log(sum(math.exp(lp / temperature - top) for lp in allowed.values()))
-    out = []
-    for tokens in completions:
-        total = 0.0
-        for j, token in enumerate(tokens):
-            prefix = tuple(tokens[:j])
-            if prefix in norms:
-                total += nodes[prefix][token] / temperature - norms[prefix]
-        out.append(total)
-    return out
-
-
-def greedy_masked_choice(completions: Sequence[Sequence[int]], token_logprobs: Sequence[Sequence[float]]) -> int:
-    """The choice greedy decoding under the mask reaches (temperature 0 in vLLM's guided choice): the most likely
-    allowed token at each place where the choices part (the first choice's on a tie)."""
-    nodes = _branches(completions, token_logprobs)  # each node's tokens in the order the choices are listed
-    index = {tuple(tokens): i for i, tokens in enumerate(completions)}
-    prefix: tuple[int, ...] = ()
-    while prefix not in index:
-        allowed = nodes[prefix]
-        prefix += (max(allowed, key=allowed.__getitem__),)  # max keeps the first of equals
-    return index[prefix]
-
-
 class LocalChatModel:
     """A causal LM from a local folder, sampling chat completions; thread-safe (one generation at a time).
 
@@ -161,6 +129,7 @@ class LocalChatModel:
         device: str | None = "auto",
         dtype: str | None = None,
         choice_draw: str = "token",
+        logprobs_mode: str = "processed_logprobs",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,6 +139,9 @@ class LocalChatModel:
         if choice_draw not in CHOICE_DRAWS:
             raise ValueError(f"choice_draw must be one of {', '.join(CHOICE_DRAWS)}, got {choice_draw!r}")
         self.choice_draw = choice_draw
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         try:
             self.model_path = resolve_model(model_path)  # a known model's name → its converted folder
         except ModelResolveError as e:
@@ -284,6 +256,7 @@ class LocalChatModel:
         top_logprobs: int = 0,
         stop: Sequence[str] | None = None,
     ) -> GenerationBatch:
+        """Sample ``n`` completions (``temperature`` 0: greedy), each token's logprob under ``self.logprobs_mode``."""
         import torch
 
         inputs = self.prompt_inputs(messages)
@@ -297,6 +270,7 @@ class LocalChatModel:
             num_return_sequences=max(1, int(n)),
             do_sample=do_sample,
             output_logits=True,
+            output_scores=True,
             return_dict_in_generate=True,
             pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0],
             eos_token_id=self.eos_token_ids or None,
@@ -306,49 +280,77 @@ class LocalChatModel:
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         with self._lock:
-            # Checked under the lock: an adapter may be unloaded between a request's arrival and its turn.
-            if adapter is not None and adapter not in self.adapter_names:
-                raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
+            self._check_adapter(adapter)
             if seed is not None:
                 torch.manual_seed(int(seed))
             with torch.inference_mode(), self._adapter_context(adapter):
                 out = self.model.generate(**inputs, **kwargs)
         sequences = out.sequences[:, n_prompt:]
-        # logits: one (n, vocab) tensor per generated position, before any processing.
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)
+        # One (n, vocab) tensor per generated position: ``logits`` as the model gave them, ``scores`` after the
+        # temperature and top-p the sampler drew from (top-p's cut tokens at -inf).
+        steps = out.logits if self.logprobs_mode == "raw_logprobs" else out.scores
+        logprobs = torch.stack(steps, dim=1).float().log_softmax(dim=-1)
         generations = []
         for i in range(sequences.shape[0]):
             ids = sequences[i].tolist()
             length, finish = len(ids), "length"
             for j, t in enumerate(ids):
                 if t in self.eos_token_ids:
-                    length, finish = j, "stop"
+                    length, finish = j + 1, "stop"  # the EOS was generated: it is one of the completion's tokens
                     break
             kept = ids[:length]
-            token_lp = [float(logprobs[i, j, t]) for j, t in enumerate(kept)]
-            top = None
-            if top_logprobs > 0 and kept:
-                values, indices = logprobs[i, :length].topk(min(top_logprobs, logprobs.shape[-1]), dim=-1)
-                top = [
-                    [(self.tokenizer.decode([int(k)]), float(v)) for v, k in zip(values[j].tolist(), indices[j].tolist())]
-                    for j in range(length)
-                ]
             text = self.tokenizer.decode(kept, skip_special_tokens=True)
-            if stop:
-                cut = min((text.find(s) for s in stop if s and s in text), default=-1)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop"
-            generations.append(
-                Generation(
-                    text=text,
-                    token_ids=kept,
-                    tokens=[self.tokenizer.decode([t]) for t in kept],
-                    logprobs=token_lp,
-                    finish_reason=finish,
-                    top_logprobs=top,
-                )
-            )
-        return GenerationBatch(generations=generations, prompt_tokens=n_prompt)
+            if stop and any(s and s in text for s in stop):
+                kept, text = self._cut_at_stop(kept, stop)
+                finish = "stop"
+            generations.append(self._generation(
+                text, kept, [float(logprobs[i, j, t]) for j, t in enumerate(kept)], finish,
+                _top_logprobs(logprobs[i, :len(kept)], top_logprobs), "sample" if do_sample else "greedy",
+            ))
+        return GenerationBatch(generations=generations, prompt_tokens=n_prompt,
+                               prompt_token_ids=inputs["input_ids"][0].tolist())
+
+    def _cut_at_stop(self, ids: list[int], stop: Sequence[str]) -> tuple[list[int], str]:
+        """As vLLM stops on a stop string: the tokens up to the one that completes it, the text before it."""
+        for k in range(1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:k], skip_special_tokens=True)
+            cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+            if cut >= 0:
+                return ids[:k], text[:cut]
+        return ids, self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _generation(self, text: str, token_ids: list[int], logprobs: list[float], finish_reason: str,
+                    top_logprobs: list[list[tuple[int, float]]] | None, draw: str) -> Generation:
+        return Generation(text=text, token_ids=token_ids, tokens=[self.tokenizer.decode([t]) for t in token_ids],
+                          logprobs=logprobs, finish_reason=finish_reason, top_logprobs=top_logprobs, draw=draw,
+                          logprobs_mode=self.logprobs_mode)
+
+    def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0, adapter: str | None = None) -> list[dict[int, tuple[float, int]] | None]:
+        """vLLM's ``prompt_logprobs``: for each prompt token after the first, ``{token id: (logprob, rank)}`` for the
+        prompt's own token and the ``top`` most likely ones, under the model's raw distribution (rank 1 = most
+        likely); ``None`` for the first token, which nothing predicts."""
+        import torch
+
+        with self._lock:
+            self._check_adapter(adapter)
+            with torch.inference_mode(), self._adapter_context(adapter):
+                logits = self.model(input_ids=torch.tensor([list(prompt_ids)], device=self.device)).logits[0, :-1]
+        logprobs = logits.float().log_softmax(dim=-1)
+        out: list[dict[int, tuple[float, int]] | None] = [None]
+        for j, token in enumerate(list(prompt_ids)[1:]):
+            row = logprobs[j]
+            entry = {int(token): (float(row[token]), int((row > row[token]).sum()) + 1)}
+            if top > 0:
+                values, indices = row.topk(top)
+                for rank, (value, index) in enumerate(zip(values.tolist(), indices.tolist()), start=1):
+                    entry.setdefault(int(index), (float(value), rank))
+            out.append(entry)
+        return out
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        """Checked under the lock: an adapter may be unloaded between a request's arrival and its turn."""
+        if adapter is not None and adapter not in self.adapter_names:
+            raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
 
     def choose(
         self,
@@ -358,6 +360,7 @@ class LocalChatModel:
         temperature: float = 0.0,
         seed: int | None = None,
         adapter: str | None = None,
+        top_logprobs: int = 0,
     ) -> GenerationBatch:
         """Sample ``n`` of ``choices`` as vLLM's guided choice does (``choice_draw="token"``, the default).
 
@@ -369,9 +372,11 @@ class LocalChatModel:
         instead (temperature 0: the most likely sequence), as this server did before; there, tokens that only
         some choices carry (a line break, a format word) weigh as much as the ones that tell choices apart.
 
-        A choice is scored as the trainer scores a completion: its tokens, then EOS, after the prompt. Each
-        generation carries the choice's per-token logprobs, EOS last, under the model's raw distribution (before
-        masking and temperature, as vLLM reports them by default), so a stored ``logprob_sum`` is the trainer's.
+        A choice's tokens are its text's tokens, then EOS, after the prompt (what the trainer scores). Each
+        generation carries one logprob per token: under ``processed_logprobs`` the token's probability in the
+        draw (:func:`masked_token_logprobs` or :func:`sequence_token_logprobs`; at temperature 0 those at
+        temperature 1), under ``raw_logprobs`` the model's raw distribution. ``top_logprobs`` lists the tokens
+        allowed at each position, most likely first.
         """
         import torch
 
@@ -381,8 +386,7 @@ class LocalChatModel:
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
         completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
         with self._lock:
-            if adapter is not None and adapter not in self.adapter_names:
-                raise ValueError(f"unknown adapter {adapter!r}: loaded adapters are {self.adapter_names or 'none'}")
+            self._check_adapter(adapter)
             with torch.inference_mode(), self._adapter_context(adapter):
                 token_logprobs = self._score(prompt_ids, completions)
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
@@ -397,12 +401,22 @@ class LocalChatModel:
             picks = [greedy_masked_choice(completions, token_logprobs)] * int(n)
         else:
             picks = [max(range(len(choices)), key=lambda i: sum(token_logprobs[i]))] * int(n)
+        draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
+        reported = self._choice_logprobs(completions, token_logprobs, float(temperature) if temperature > 0 else 1.0)
         generations = [
-            Generation(text=choices[i], token_ids=completions[i], tokens=[self.tokenizer.decode([t]) for t in completions[i]],
-                       logprobs=token_logprobs[i], finish_reason="stop")
+            self._generation(choices[i], completions[i], reported[i], "stop",
+                             _allowed_top_logprobs(completions, reported, i, top_logprobs), draw)
             for i in picks
         ]
-        return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids))
+        return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
+
+    def _choice_logprobs(self, completions: list[list[int]], raw: list[list[float]], temperature: float) -> list[list[float]]:
+        """Per choice token, the logprob reported under ``self.logprobs_mode`` for this engine's choice draw."""
+        if self.logprobs_mode == "raw_logprobs":
+            return [list(map(float, row)) for row in raw]
+        if self.choice_draw == "token":
+            return masked_token_logprobs(completions, raw, temperature)
+        return sequence_token_logprobs(completions, raw, temperature)
 
     def _score(self, prompt_ids: list[int], completions: list[list[int]], batch: int = 16) -> list[list[float]]:
         """Log-probability of each completion token after ``prompt_ids``, a batch of right-padded sequences at a time."""
@@ -526,6 +540,26 @@ class HFPolicy:
 
     def close(self) -> None:
         self._engine = None  # type: ignore[assignment]
+
+
+def _top_logprobs(logprobs: Any, top: int) -> list[list[tuple[int, float]]] | None:
+    """The ``top`` most likely tokens at each position of a (length, vocab) log-probability tensor."""
+    if top <= 0 or logprobs.shape[0] == 0:
+        return None
+    values, indices = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+    return [list(zip(map(int, ids), map(float, vals))) for vals, ids in zip(values.tolist(), indices.tolist())]
+
+
+def _allowed_top_logprobs(completions: list[list[int]], logprobs: list[list[float]], pick: int, top: int) -> list[list[tuple[int, float]]] | None:
+    """For the choice ``pick``: at each of its positions, the ``top`` allowed tokens there with their logprobs."""
+    if top <= 0:
+        return None
+    at: dict[tuple[int, ...], dict[int, float]] = {}
+    for tokens, values in zip(completions, logprobs):
+        for j, (token, value) in enumerate(zip(tokens, values)):
+            at.setdefault(tuple(tokens[:j]), {})[token] = value
+    chosen = completions[pick]
+    return [sorted(at[tuple(chosen[:j])].items(), key=lambda item: -item[1])[:top] for j in range(len(chosen))]
 
 
 def _step_seed(seed: int, step_idx: int) -> int:

@@ -1,0 +1,151 @@
+"""Token-exact answers from HALO's chat server, in vLLM's shapes: the tokens generated (EOS included), one logprob
+each, of the distribution each token was drawn from (``processed_logprobs``) or the model's own (``raw_logprobs``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.request
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
+from halo_agent.policies.guided_choice import (masked_choice_logprobs, masked_token_logprobs,  # noqa: E402
+                                               sequence_token_logprobs)
+from halo_agent.policies.hf_policy import LocalChatModel  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "Click the Submit button.\n[12] button 'Submit'\n[13] link 'Tab #2'"}]
+CHOICES = ["# 'Submit'\nclick('12')", "# 'Tab #2'\nclick('13')", "# 'Tab #2'\nclick('13') twice", "noop()"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_lora_models):
+    base, _ = tiny_lora_models
+    return LocalChatModel(base, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with ChatCompletionServer(engine, served_model_name="tiny") as s:
+        yield s
+
+
+def post(server, **body) -> dict:
+    body = {"model": "tiny", "messages": MESSAGES, **body}
+    request = urllib.request.Request(f"{server.url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def token_ids(choice: dict) -> list[int]:
+    """The ids of ``return_tokens_as_token_ids`` tokens (``"token_id:N"``)."""
+    names = [t["token"] for t in choice["logprobs"]["content"]]
+    assert all(name.startswith("token_id:") for name in names)
+    return [int(name.split(":", 1)[1]) for name in names]
+
+
+def raw_choice_logprobs(engine, choices):
+    prompt_ids, _ = engine.chat_prompt(MESSAGES)
+    completions = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id] for c in choices]
+    with torch.inference_mode():
+        return completions, engine._score(prompt_ids, completions)
+
+
+def tempered_logprobs(engine, prompt_ids: list[int], completion: list[int], temperature: float) -> list[float]:
+    """Each completion token's log-softmax at the temperature, from one forward over prompt and completion."""
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([prompt_ids + completion])).logits[0].float()
+    logprobs = (logits[len(prompt_ids) - 1:-1] / temperature).log_softmax(-1)
+    return [float(logprobs[j, t]) for j, t in enumerate(completion)]
+
+
+def test_a_guided_choice_answers_its_tokens_with_the_masked_draws_logprobs(server, engine):
+    answer = post(server, n=8, temperature=0.7, seed=3, logprobs=True, top_logprobs=3, return_tokens_as_token_ids=True,
+                  return_token_ids=True, structured_outputs={"choice": CHOICES})
+    completions, raw = raw_choice_logprobs(engine, CHOICES)
+    per_token = masked_token_logprobs(completions, raw, 0.7)
+    drawn_with = masked_choice_logprobs(completions, raw, 0.7)
+    for choice in answer["choices"]:
+        i = CHOICES.index(choice["message"]["content"])
+        ids = token_ids(choice)
+        assert ids == completions[i] == choice["token_ids"]  # the choice's tokens, then EOS
+        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+        logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+        assert len(logprobs) == len(ids)
+        assert logprobs == pytest.approx(per_token[i], abs=1e-5)
+        assert sum(logprobs) == pytest.approx(drawn_with[i], abs=1e-5)
+        assert (choice["halo_logprobs_mode"], choice["halo_draw"]) == ("processed_logprobs", "masked_choice")
+        # After "# 'Tab #2'\nclick('13')" the mask allows EOS or " twice": the top logprobs list those two only.
+        for entry in choice["logprobs"]["content"]:
+            assert 1 <= len(entry["top_logprobs"]) <= 3
+            assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][-1]["logprob"]
+    assert answer["prompt_token_ids"] == engine.chat_prompt(MESSAGES)[0]
+    # A forced choice is certain under the mask: every token 0.
+    forced = post(server, temperature=1.0, logprobs=True, structured_outputs={"choice": CHOICES[:1]})["choices"][0]
+    assert [t["logprob"] for t in forced["logprobs"]["content"]] == [0.0] * len(completions[0])
+    # Greedy: the masked distribution at temperature 1.
+    greedy = post(server, temperature=0, logprobs=True, structured_outputs={"choice": CHOICES})["choices"][0]
+    i = CHOICES.index(greedy["message"]["content"])
+    assert greedy["halo_draw"] == "greedy"
+    assert [t["logprob"] for t in greedy["logprobs"]["content"]] == pytest.approx(masked_token_logprobs(completions, raw)[i], abs=1e-5)
+
+
+def test_raw_logprobs_are_the_models_own_and_the_sequence_draw_is_written_token_by_token(tiny_lora_models, engine):
+    base, _ = tiny_lora_models
+    completions, raw = raw_choice_logprobs(engine, CHOICES)
+    for mode, draw, expected in [("raw_logprobs", "token", raw), ("processed_logprobs", "sequence",
+                                                                    sequence_token_logprobs(completions, raw, 1.5))]:
+        other = LocalChatModel(base, device="cpu", logprobs_mode=mode, choice_draw=draw)
+        batch = other.choose(MESSAGES, CHOICES, n=6, temperature=1.5, seed=1)
+        for g in batch.generations:
+            i = CHOICES.index(g.text)
+            assert g.token_ids == completions[i] and g.logprobs == pytest.approx(expected[i], abs=1e-5)
+            assert (g.logprobs_mode, g.draw) == (mode, "masked_choice" if draw == "token" else "sequence_choice")
+    # Token by token, the whole-sequence draw is its softmax over the choices' sequence scores.
+    by_sequence = torch.tensor([sum(r) / 1.5 for r in raw], dtype=torch.float64).log_softmax(0).tolist()
+    assert [sum(row) for row in sequence_token_logprobs(completions, raw, 1.5)] == pytest.approx(by_sequence, abs=1e-9)
+
+
+def test_sampled_tokens_carry_the_tempered_softmax_they_were_drawn_from(server, engine):
+    answer = post(server, n=3, temperature=1.3, seed=5, max_tokens=12, logprobs=True, top_logprobs=2,
+                  return_tokens_as_token_ids=True, return_token_ids=True)
+    prompt_ids = answer["prompt_token_ids"]
+    assert prompt_ids == engine.chat_prompt(MESSAGES)[0]
+    stopped = 0
+    for choice in answer["choices"]:
+        ids = token_ids(choice)
+        assert ids == choice["token_ids"]
+        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+        logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+        assert len(logprobs) == len(ids) == (12 if choice["finish_reason"] == "length" else len(ids))
+        assert logprobs == pytest.approx(tempered_logprobs(engine, prompt_ids, ids, 1.3), abs=1e-4)
+        assert (choice["halo_logprobs_mode"], choice["halo_draw"]) == ("processed_logprobs", "sample")
+        if choice["finish_reason"] == "stop":  # stopped on EOS: the EOS is the last token, with its logprob
+            assert ids[-1] in engine.eos_token_ids
+            stopped += 1
+        assert all(len(t["top_logprobs"]) == 2 for t in choice["logprobs"]["content"])
+    greedy = post(server, temperature=0, max_tokens=8, logprobs=True, return_token_ids=True)["choices"][0]
+    assert greedy["halo_draw"] == "greedy"
+    assert [t["logprob"] for t in greedy["logprobs"]["content"]] == pytest.approx(
+        tempered_logprobs(engine, prompt_ids, greedy["token_ids"], 1.0), abs=1e-4)
+    assert greedy["logprobs"]["content"][0]["token"] == engine.tokenizer.decode([greedy["token_ids"][0]])
+
+
+def test_prompt_logprobs_follow_vllm(server, engine):
+    answer = post(server, temperature=0, max_tokens=2, prompt_logprobs=2)
+    prompt_ids = engine.chat_prompt(MESSAGES)[0]
+    entries = answer["prompt_logprobs"]
+    assert len(entries) == len(prompt_ids) and entries[0] is None
+    with torch.inference_mode():
+        logprobs = engine.model(input_ids=torch.tensor([prompt_ids])).logits[0].float().log_softmax(-1)
+    for j, (token, entry) in enumerate(zip(prompt_ids[1:], entries[1:])):
+        own = entry[str(token)]
+        assert own["logprob"] == pytest.approx(float(logprobs[j, token]), abs=1e-4)
+        assert own["decoded_token"] == engine.tokenizer.decode([token])
+        assert own["rank"] == int((logprobs[j] > logprobs[j, token]).sum()) + 1
+        assert {v["rank"] for v in entry.values()} >= {1, 2} and 2 <= len(entry) <= 3
+        assert all(v["logprob"] <= 0 and not math.isinf(v["logprob"]) for v in entry.values())
+    assert "prompt_logprobs" not in post(server, temperature=0, max_tokens=1)
