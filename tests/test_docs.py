@@ -1,8 +1,11 @@
-"""Docs that cannot drift: every CLI command and every view is documented in README.md.
+"""Docs that cannot drift: every CLI command and every view is documented, and the site builds.
 
-A command is documented when README.md contains ``halo-data <command>`` (for a
-subcommand of a group: ``halo-agent <group> <command>``); a view is documented
-when its name appears in README.md as code (``bc_rows`` in backticks).
+The docs are README.md and the MkDocs site under docs/ (the generated CLI reference aside, which
+documents everything by construction). A command is documented when they contain ``halo-data
+<command>`` (for a subcommand of a group: ``halo-agent <group> <command>``); a view is documented
+when its name appears in them as code (``bc_rows`` in backticks). ``mkdocs build --strict`` builds
+the site: a broken link, a page missing from the nav or a CLI reference that fails to generate
+fails it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ import pytest
 
 from halo_data.views import view_names
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 def readme() -> str:
+    """README.md and every page of the site but the generated CLI reference."""
     assert README.exists(), "README.md is missing"
-    return README.read_text()
+    pages = [README] + sorted(p for p in DOCS.rglob("*.md") if p != DOCS / "cli.md")
+    return "\n".join(p.read_text() for p in pages)
 
 
 def command_paths(group: click.Group, prefix: str) -> list[str]:
@@ -57,7 +64,7 @@ def test_every_command_is_documented(module, script):
     commands = command_paths(group, script)
     assert commands, f"{script} has no commands"
     missing = [c for c in commands if c not in text]
-    assert missing == [], f"README.md does not document: {', '.join(missing)}"
+    assert missing == [], f"README.md and docs/ do not document: {', '.join(missing)}"
 
 
 def test_every_halo_data_command_is_there():
@@ -70,7 +77,7 @@ def test_every_halo_data_command_is_there():
 def test_every_view_is_documented():
     text = readme()
     missing = [v for v in view_names() if f"`{v}`" not in text]
-    assert missing == [], f"README.md does not document the views: {', '.join(missing)}"
+    assert missing == [], f"README.md and docs/ do not document the views: {', '.join(missing)}"
 
 
 def test_every_command_has_help():
@@ -78,3 +85,30 @@ def test_every_command_has_help():
 
     for name, command in main.commands.items():
         assert command.help and len(command.help.split()) >= 3, f"halo-data {name} needs a docstring"
+
+
+def test_readme_is_a_short_map_that_starts_with_the_set_up():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    first_block = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first_block[0].startswith("bash .ci/setup && .venv/bin/halo-train quickstart ")
+    assert first_block[1].startswith("bash .ci/setup && .venv/bin/python -m pytest -q ")
+
+
+def test_every_page_is_in_the_nav_and_the_site_builds_strict(tmp_path):
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(config_file=str(ROOT / "mkdocs.yml"), site_dir=str(tmp_path / "site"), strict=True)
+    nav_pages = {page for page in _nav_files(config["nav"])}
+    assert nav_pages == {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    build(config)
+    assert (tmp_path / "site" / "cli" / "index.html").read_text().count("halo-train online-grpo") >= 1
+
+
+def _nav_files(nav) -> list[str]:
+    out = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        out += _nav_files(value) if isinstance(value, list) else [value]
+    return out
