@@ -10,7 +10,7 @@ COMMANDS = {
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
     "os-sandbox": ("bench.os_sandbox", "the os sandbox's start, against an earlier revision's, side by side"),
-    "os-ppo": ("bench.os_ppo", "reward per PPO epoch on short os tasks"),
+    "os-ppo": ("bench.os_ppo", "os PPO against SFT on the same seeds, on unseen seeds and tasks"),
     "vlm": ("bench.vlm", "image tokens per step and peak memory of a VLM job"),
     "hierarchy": ("bench.hierarchy", "the verified action cache and loop recovery"),
     "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),

@@ -1,36 +1,33 @@
-"""Learning evidence for ``halo-train ppo``: reward per PPO epoch on os tasks that one short command solves (CPU, tiny model).
+"""``halo-train ppo`` on os tasks against supervised fine-tuning on the same seeds, judged on unseen seeds and unseen tasks.
 
-    OMP_NUM_THREADS=1 python -m bench os-ppo [--epochs 12] [--samples-per-epoch 64] [--lr 5e-4] [--heldout 128]
+    nice -n 15 python -m bench os-ppo                                   # smollm2-135m-instruct, the defaults below
+    python -m bench os-ppo --model out/tiny --epochs 2 --samples-per-epoch 8 --eval-episodes 8   # a quick pass
 
-1. Demonstrations: each task's reference solution played through the real os environment (a fresh
-   sandbox, the task's own evaluation) as ``Act: bash`` + ``Act: finish``, into a lake.
-2. The tiny model (``halo-train make-tiny-model``) is fine-tuned on those demonstrations' ``bc_rows``
-   (``--warmup-steps``), which pair each task's prompt with its solution and with a distractor
-   (``--distractor generic``: a command that solves no task; ``other-task``: another task's solution):
-   the warm-up model answers in the format, right part of the time and wrong the rest (a reward
-   spread for PPO to work on; never a start that already solves).
-3. ``halo-train ppo --serve`` on the same tasks: each epoch samples ``--samples-per-epoch`` one-command
-   episodes (``--turns 1``: the command is evaluated at the round limit) with the current adapter through
-   HALO's chat server, then updates. The reward and accuracy of the episodes each epoch sampled (with
-   the weights after the previous epoch) are the curve; each accuracy comes with its binomial standard
-   error sqrt(p (1 - p) / n).
-4. Held out (``--heldout N``): the warm-up model (epoch 0) and the final adapter each answer N fresh
-   episodes (seeds no epoch sampled with) through the same chat server; their accuracies and the
-   difference's standard error.
+Every os task is a template drawn from its task seed (names, paths, contents, answers), so a seed
+the training never saw is a new instance of the task, and a task it never saw is new altogether.
 
-The tasks are those whose answer is short in the tiny model's tokens (its 512-entry vocabulary spells
-most paths byte by byte; ``useradd alice`` in the answer format is 26 tokens, ``mkdir -p
-/srv/data/2024/logs`` 47): a long command sampled at temperature 1 is garbled more often, which
-flattens the reward spread. Prints the curve, writes ``bench/results/os-ppo-<time>.json`` and adds
-the run at the end of bench/README.md's os-PPO section (``--no-readme``: print only). A run is one seed: the figures move
-between runs, and the curve is reported as it came out.
+1. The policy is ``--model`` itself (a known model name such as ``smollm2-135m-instruct``, or a
+   folder); there is no warm-up, so nothing is planted for either arm to learn or unlearn.
+2. PPO arm: ``halo-train ppo --serve`` on ``--tasks``: epoch ``e`` samples ``--samples-per-epoch``
+   episodes of task seed ``seed + e`` through HALO's chat server with the current adapter, then updates.
+   The accuracy and reward of the episodes each epoch sampled are the training curve (binomial
+   standard error sqrt(p (1 - p) / n)). The train seeds are therefore ``seed + 1 .. seed + epochs``.
+3. SFT arm (the control): the reference solution of every train task on the same train seeds,
+   played through the real os environment (``Act: bash`` + ``Act: finish``, judged by the task's own
+   evaluation), then ``halo-train bc`` on those episodes for ``--sft-steps`` steps at ``--sft-lr``.
+4. Evaluation: the model before training, the PPO adapter and the SFT adapter each answer
+   ``--eval-episodes`` episodes of the train tasks on unseen seeds (from ``EVAL_SEED``), and as many of
+   ``--heldout-tasks`` (tasks neither arm trained on) on the same unseen seeds, at temperature 1.
+
+The figures go to ``bench/results/os-ppo/<time>.json``; ``python -m bench report os-ppo`` tables them
+(``bench/reports/os_ppo.py``). A run is one seed: the curve is reported as it came out.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import json
+import logging
 import math
 import os
 import sys
@@ -39,14 +36,13 @@ import time
 from pathlib import Path
 
 TASKS = ("os.users-add", "os.users-group-add", "os.files-create-empty", "os.users-delete")
-DISTRACTORS = ("other-task", "generic")
-GENERIC_COMMANDS = ("ls -la", "pwd", "whoami", "id")  # commands that solve none of the tasks
-DISTRACTOR_TEXT = {"other-task": "another task's command", "generic": "a command that solves no task: " + ", ".join(GENERIC_COMMANDS)}
-HELDOUT_SEED = 10_000  # far above the seeds the epochs sample with (seed + epoch)
+HELDOUT_TASKS = ("os.perms-executable", "os.files-make-dirs", "os.users-add-with-home", "os.text-append-line")
+EVAL_SEED = 10_000  # far above every train seed (seed + epoch)
+RESULTS = Path(__file__).resolve().parent / "results" / "os-ppo"
 
 
 class ReferencePolicy:
-    """Answers a task's reference solution, then finishes."""
+    """Answers the reference solution of the instance whose goal it is shown, then finishes."""
 
     name = "reference"
     model = adapter = None
@@ -54,7 +50,7 @@ class ReferencePolicy:
     uses_screenshot = False
 
     def __init__(self, solutions: dict[str, str]):
-        self.solutions = solutions
+        self.solutions = solutions  # instance goal -> its reference solution
 
     def reset(self, seed):
         pass
@@ -63,211 +59,150 @@ class ReferencePolicy:
         from halo_agent.envs.os_env import FINISH, agent_turn
         from halo_agent.types import PolicyOutput
 
-        action = self.solutions[obs.task_id] if obs.step_idx == 0 else FINISH
+        action = self.solutions[obs.goal] if obs.step_idx == 0 else FINISH
         return PolicyOutput(model_output=agent_turn(action), action=action, action_source="model")
 
     def close(self):
         pass
 
 
-def demonstrations(lake_dir: Path, tasks: list[str], distractor: str = "other-task") -> int:
-    """Per task, two episodes into a lake: its reference solution, and a distractor judged incorrect by
-    this task's evaluation: ``other-task``, the next task's solution (each command is right for one
-    task and wrong for another, so only a policy that reads the instruction gains); ``generic``, a
-    command that solves no task (``ls -la``, ``pwd``, ``whoami``, ``id``, one per task in turn). The
-    distractor is filed under the task id ``<task>-distractor`` with the task's own prompt, so
-    ``bc_rows`` (the best episodes per task) keeps both and the warm-up model learns to answer
-    either: a policy that is right part of the time, for PPO to improve on. Returns how many
-    reference episodes the evaluation judged correct."""
+def demonstrations(lake_dir: Path, tasks: list[str], seeds: range) -> tuple[int, int]:
+    """The reference episode of each task on each seed, into a lake; returns (judged correct, episodes)."""
     from halo_agent.envs.os_env import OSEnv
+    from halo_agent.envs.os_tasks import OSTask
     from halo_agent.rewards import RewardConfig
     from halo_agent.rollout import EpisodeRunner, RolloutConfig, plan_episodes
     from halo_data.lake import Lake
     from halo_data.writer import EpisodeWriter
 
     specs = [t for t in OSEnv.list_tasks() if t.task_id in tasks]
-    solutions = {t.task_id: t.extra["solution"]["script"] for t in specs}
-    if distractor not in DISTRACTORS:
-        raise ValueError(f"distractor {distractor!r}: choose one of {', '.join(DISTRACTORS)}")
-    if distractor == "other-task":
-        distractors = {t.task_id: solutions[specs[(i + 1) % len(specs)].task_id] for i, t in enumerate(specs)}
-    else:
-        distractors = {t.task_id: GENERIC_COMMANDS[i % len(GENERIC_COMMANDS)] for i, t in enumerate(specs)}
-    config = RolloutConfig(env="os", tasks=list(tasks), lake=str(lake_dir), run_id="demos")
+    solutions = {instance.instruction: instance.solution.script
+                 for spec in specs for instance in (OSTask.from_spec(spec).instance(s) for s in seeds)}
+    config = RolloutConfig(env="os", tasks=list(tasks), task_seed=seeds.start, task_seeds=len(seeds), lake=str(lake_dir),
+                           run_id="demos", max_steps=2)
     env = OSEnv()
     writer = EpisodeWriter(Lake.init(lake_dir))
-    correct = 0
+    correct = total = 0
     try:
-        for answers, suffix in ((solutions, ""), (distractors, "-distractor")):
-            runner = EpisodeRunner(config, "demos", env, ReferencePolicy(answers), RewardConfig.load())
-            for spec in plan_episodes(config, "demos", specs):
-                result = runner.run(spec)
-                correct += bool(result.episode.success) and not suffix
-                episode = result.episode.replace(task_id=result.episode.task_id + suffix)
-                writer.write_episode(episode, result.steps)
+        runner = EpisodeRunner(config, "demos", env, ReferencePolicy(solutions), RewardConfig.load())
+        for spec in plan_episodes(config, "demos", specs):
+            result = runner.run(spec)
+            correct += bool(result.episode.success)
+            total += 1
+            writer.write_episode(result.episode, result.steps)
     finally:
         writer.close()
         env.close()
-    return correct
+    return correct, total
 
 
 def standard_error(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
-def heldout(base_model: str, adapters: dict[str, str | None], tasks: list[str], samples: int, turns: int, max_tokens: int,
-            root: Path) -> dict[str, dict]:
-    """Accuracy of each adapter (None: the base model) on ``samples`` fresh episodes, sampled at temperature 1."""
+def evaluate(base_model: str, adapters: dict[str, str | None], task_sets: dict[str, list[str]], episodes: int, turns: int,
+             max_tokens: int, root: Path) -> dict[str, dict[str, dict]]:
+    """Accuracy of each adapter (None: the model itself) on each task set, on unseen seeds from ``EVAL_SEED``, at temperature 1."""
     from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_train.online import open_engine
     from halo_train.ppo import PPOConfig
 
-    cfg = PPOConfig(base_model=base_model, serve=True, tasks=tasks)
-    results = {}
-    with open_engine(cfg, root) as (engine, base_name):
+    results: dict[str, dict[str, dict]] = {}
+    with open_engine(PPOConfig(base_model=base_model, serve=True, tasks=task_sets["train tasks"]), root) as (engine, base_name):
         for label, path in adapters.items():
             served = None
             if path is not None:
-                served = f"heldout-{label}"
+                served = f"eval-{label}"
                 swap = engine.swap_adapter(served, str(Path(path).resolve()), retire=None)
                 if not swap.loaded:
                     raise RuntimeError(f"the chat server refused {path}: {swap.message}")
-            summary = run_rollouts(RolloutConfig(
-                env="os", tasks=list(tasks), rollouts_per_task=max(1, math.ceil(samples / len(tasks))), policy="openai",
-                model=base_name, adapter=served, policy_version=label, policy_options={"base_url": engine.base_url, "max_tokens": max_tokens},
-                temperature=1.0, seed=HELDOUT_SEED, max_steps=turns, lake=str(root / "heldout"), run_id=f"heldout-{label}",
-                env_options={"max_rounds": turns}, command="bench os-ppo",
-            ))
-            n = summary.episodes_written
-            accuracy = summary.successes / n if n else float("nan")
-            results[label] = {"episodes": n, "correct": summary.successes, "accuracy": accuracy, "se": standard_error(accuracy, n)}
+            for set_name, tasks in task_sets.items():
+                summary = run_rollouts(RolloutConfig(
+                    env="os", tasks=list(tasks), rollouts_per_task=1, task_seed=EVAL_SEED,
+                    task_seeds=max(1, math.ceil(episodes / len(tasks))), policy="openai", model=base_name, adapter=served,
+                    policy_version=label, policy_options={"base_url": engine.base_url, "max_tokens": max_tokens},
+                    temperature=1.0, seed=EVAL_SEED, max_steps=turns, lake=str(root / "eval"),
+                    run_id=f"eval-{label}-{set_name.replace(' ', '-')}", env_options={"max_rounds": turns}, command="bench os-ppo",
+                ))
+                n = summary.episodes_written
+                accuracy = summary.successes / n if n else float("nan")
+                results.setdefault(label, {})[set_name] = {"episodes": n, "correct": summary.successes, "accuracy": accuracy,
+                                                           "se": standard_error(accuracy, n)}
     return results
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench os-ppo")
-    parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--warmup-steps", type=int, default=120)
-    parser.add_argument("--samples-per-epoch", type=int, default=64)
-    parser.add_argument("--ppo-epochs", type=int, default=4)
+    parser = argparse.ArgumentParser(prog="python -m bench os-ppo", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="the policy: a known model name or a model folder")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--samples-per-epoch", type=int, default=16)
+    parser.add_argument("--ppo-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--value-lr", type=float, default=None, help="the value head's learning rate (default: --lr)")
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--sft-steps", type=int, default=60, help="halo-train bc steps of the control arm")
+    parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--turns", type=int, default=1, help="commands per episode (the os environment's round limit)")
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--heldout", type=int, default=128, help="fresh episodes for the warm-up model and the final adapter each (0: none)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--eval-episodes", type=int, default=24, help="episodes per task set and model at evaluation (0: none)")
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--distractor", choices=DISTRACTORS, default="generic",
-                        help="the warm-up's wrong answer per task: another task's solution, or a command that solves none")
+    parser.add_argument("--heldout-tasks", default=",".join(HELDOUT_TASKS), help="tasks neither arm trains on (empty: none)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-readme", action="store_true", help="print the section, do not append it to bench/README.md")
     args = parser.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    heldout_tasks = [t.strip() for t in args.heldout_tasks.split(",") if t.strip()]
+    if set(tasks) & set(heldout_tasks):
+        parser.error(f"--heldout-tasks must not hold train tasks: {', '.join(sorted(set(tasks) & set(heldout_tasks)))}")
 
     import torch
 
+    from halo_train.bc import train_bc
+    from halo_train.config import BCConfig
     from halo_train.ppo import PPOConfig, train_ppo
-    from halo_train.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     t0 = time.perf_counter()
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    report_path = results / f"os-ppo-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    report = {"tasks": tasks, "args": vars(args), "load_average": [os.getloadavg()[0]], "heldout": {}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report_path = RESULTS / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    train_seeds = range(args.seed + 1, args.seed + args.epochs + 1)  # what PPO's epochs sample (seed + epoch)
+    report = {"command": "python -m bench os-ppo " + " ".join(argv or []), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "tasks": tasks, "heldout_tasks": heldout_tasks, "train_seeds": [train_seeds.start, train_seeds.stop - 1],
+              "eval_seed": EVAL_SEED, "args": vars(args), "load_average": [os.getloadavg()[0]], "evaluation": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        report["demos_correct"] = demonstrations(root / "demos", tasks, args.distractor)
-        tiny = build_tiny_model(root / "tiny", warmup_lake=root / "demos", steps=args.warmup_steps, seed=args.seed)
         result = train_ppo(PPOConfig(
-            base_model=str(tiny), serve=True, tasks=tasks, epochs=args.epochs, samples_per_epoch=args.samples_per_epoch,
-            ppo_epochs=args.ppo_epochs, batch_size=args.batch_size, lr=args.lr, value_lr=args.value_lr, max_episode_steps=args.turns,
-            max_tokens=args.max_tokens, temperature=1.0, lake=str(root / "lake"), output_dir=str(root / "out"),
+            base_model=args.model, serve=True, tasks=tasks, epochs=args.epochs, samples_per_epoch=args.samples_per_epoch,
+            ppo_epochs=args.ppo_epochs, batch_size=args.batch_size, lr=args.lr, max_episode_steps=args.turns,
+            max_tokens=args.max_tokens, temperature=1.0, lake=str(root / "lake"), output_dir=str(root / "ppo"),
             run_id="bench-os-ppo", seed=args.seed,
         ))
-        keys = ("reward", "accuracy", "episodes", "policy_loss", "value_loss", "entropy", "clip_fraction", "approx_kl", "explained_variance")
+        keys = ("reward", "accuracy", "episodes", "policy_loss", "value_loss", "entropy", "clip_fraction", "approx_kl")
         report["curve"] = [{"epoch": h["epoch"], **{k: h["metrics"].get(k) for k in keys}} for h in result.extra["history"]]
         for row in report["curve"]:
             row["se"] = standard_error(row["accuracy"], int(row["episodes"]))
-        report["train_seconds"] = report["seconds"] = time.perf_counter() - t0
+        report["ppo_seconds"] = time.perf_counter() - t0
         report["load_average"].append(os.getloadavg()[0])
-        report_path.write_text(json.dumps(report, indent=2))  # the curve is kept whatever the held-out part does
-        if args.heldout:
-            report["heldout"] = heldout(str(tiny), {"epoch_0": None, f"epoch_{args.epochs}": str(result.final_adapter)}, tasks,
-                                        args.heldout, args.turns, args.max_tokens, root)
-            report["load_average"].append(os.getloadavg()[0])
-            report["seconds"] = time.perf_counter() - t0
-            report_path.write_text(json.dumps(report, indent=2))
-    text = render(report)
-    if args.no_readme:
-        print(text)
-        return report
-    print(text)
-    publish_in_section(text)
+        report_path.write_text(json.dumps(report, indent=1) + "\n")  # the curve is kept whatever the rest does
+        report["demos_correct"], report["demos"] = demonstrations(root / "demos", tasks, train_seeds)
+        sft = train_bc(BCConfig(base_model=args.model, lake=str(root / "demos"), output_dir=str(root / "sft"),
+                                max_steps=args.sft_steps, lr=args.sft_lr, seed=args.seed, run_id="bench-os-sft",
+                                top_percent=100.0))  # every reference episode, not the top half
+        report["sft_rows"] = sft.rows
+        report["train_seconds"] = time.perf_counter() - t0
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+        if args.eval_episodes:
+            task_sets = {"train tasks": tasks, **({"heldout tasks": heldout_tasks} if heldout_tasks else {})}
+            adapters = {"start": None, f"ppo-epoch-{args.epochs}": str(result.final_adapter), "sft": str(sft.final_adapter)}
+            report["evaluation"] = evaluate(args.model, adapters, task_sets, args.eval_episodes, args.turns, args.max_tokens, root)
+        report["load_average"].append(os.getloadavg()[0])
+        report["seconds"] = time.perf_counter() - t0
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+    from bench.reports.os_ppo import render
+
+    print(render(report))
     return report
-
-
-SECTION = "## os PPO: reward per epoch, tiny model on CPU"
-
-
-def publish_in_section(text: str, readme: Path = Path(__file__).resolve().parent / "README.md") -> None:
-    """Add a run's text at the end of bench/README.md's os-PPO section (before the next ``## `` heading)."""
-    lines = readme.read_text().splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.startswith(SECTION)), None)
-    if start is None:
-        lines += ["\n", SECTION + "\n", "\n"]
-        start = len(lines) - 2
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    lines[end:end] = [text.rstrip("\n") + "\n", "\n"]
-    readme.write_text("".join(lines))
-
-
-def _in_standard_errors(difference: float, se: float) -> str:
-    return f"{difference / se:+.1f} standard errors" if se > 0 else "no spread to measure it against"
-
-
-def render(report: dict) -> str:
-    args, curve = report["args"], report["curve"]
-    first, last = curve[0], curve[-1]
-    rise, rise_se = last["accuracy"] - first["accuracy"], math.hypot(first["se"], last["se"])
-    lines = [
-        f"### os PPO run ({time.strftime('%Y-%m-%d %H:%M')}, `python -m bench os-ppo`)",
-        "",
-        f"Tasks ({len(report['tasks'])}): {', '.join(report['tasks'])}. Warm-up: {args['warmup_steps']} SFT steps on each task's "
-        f"reference episode ({report['demos_correct']} of {len(report['tasks'])} judged correct in the sandbox) and a distractor "
-        f"episode ({DISTRACTOR_TEXT[args['distractor']]}, same prompt). PPO: {args['epochs']} epochs × {args['samples_per_epoch']} samples, "
-        f"{args['turns']} command(s) per episode, max {args['max_tokens']} tokens, {args['ppo_epochs']} PPO passes, batch "
-        f"{args['batch_size']}, lr {args['lr']:g}, temperature 1, seed {args['seed']}; training {report['train_seconds'] / 60:.1f} min, "
-        f"all {report['seconds'] / 60:.1f} min, 1-minute load average {' / '.join(f'{x:.1f}' for x in report['load_average'])} "
-        "(start / after training / end) on 2 shared CPUs. Each epoch's figures are those of the episodes it sampled, with the "
-        "weights after the epoch before (epoch 1: the warm-up model); ± is the binomial standard error.",
-        "",
-        "| epoch | accuracy | mean episode reward | policy loss | value loss | entropy | clip fraction | approx KL | explained var. |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in curve:
-        lines.append(f"| {r['epoch']} | {r['accuracy']:.0%} ± {r['se']:.0%} | {r['reward']:+.3f} | {r['policy_loss']:.4f} | "
-                     f"{r['value_loss']:.4f} | {r['entropy']:.3f} | {r['clip_fraction']:.3f} | {r['approx_kl']:.4f} | "
-                     f"{r['explained_variance']:.2f} |")
-    lines += ["", f"Epoch {last['epoch']} against epoch 1: {100 * rise:+.0f} ± {100 * rise_se:.0f} points ({_in_standard_errors(rise, rise_se)})."]
-    tail = curve[-min(4, len(curve) - 1):] if len(curve) > 1 else []
-    if tail:
-        n = sum(int(r["episodes"]) for r in tail)
-        pooled = sum(r["accuracy"] * int(r["episodes"]) for r in tail) / n
-        gain, gain_se = pooled - first["accuracy"], math.hypot(first["se"], standard_error(pooled, n))
-        lines[-1] += (f" The last {len(tail)} epochs pooled ({n} episodes): {pooled:.0%} ± {standard_error(pooled, n):.0%}, "
-                      f"{100 * gain:+.0f} ± {100 * gain_se:.0f} points against epoch 1 ({_in_standard_errors(gain, gain_se)}).")
-    if report["heldout"]:
-        (a_label, a), (b_label, b) = report["heldout"].items()
-        diff, diff_se = b["accuracy"] - a["accuracy"], math.hypot(a["se"], b["se"])
-        lines.append(f"Held out ({a['episodes']} fresh episodes each): {a_label} {a['correct']}/{a['episodes']} = {a['accuracy']:.0%} ± "
-                     f"{a['se']:.0%}, {b_label} {b['correct']}/{b['episodes']} = {b['accuracy']:.0%} ± {b['se']:.0%}: "
-                     f"{100 * diff:+.0f} ± {100 * diff_se:.0f} points ({_in_standard_errors(diff, diff_se)}).")
-    lines.append("")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
