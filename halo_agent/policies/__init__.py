@@ -21,6 +21,7 @@ POLICIES: dict[str, tuple[str, str]] = {
     "openai": ("halo_agent.policies.openai_policy", "OpenAIPolicy"),
     "hf": ("halo_agent.policies.hf_policy", "HFPolicy"),
     "hierarchy": ("halo_agent.hierarchy.orchestrator", "HierarchicalPolicy"),
+    "goal_match": ("halo_agent.policies.goal_match_policy", "GoalMatchPolicy"),
 }
 
 

@@ -8,6 +8,9 @@ for it: ``click('12')``, ``fill('7', 'word')`` with a short random word, or
 ``select_option('9', 'option')``. Sampling is seeded per episode, so the same
 (seed, episode) gives the same actions. Temperature 0 is greedy in the sense a
 model policy is: always the page's first offered action, whatever the seed.
+``constrain_actions=True`` draws uniformly from the closed list a constrained model answers from
+(``halo_agent.actions.page_actions``: a click per element, one ``select_option`` per option; no fills),
+so a random baseline shares a constrained policy's action interface.
 With ``n > 1`` each call draws ``n`` actions, the first of which is taken; all of
 them are in ``last_samples``, as a model policy's samples are (per-state candidates).
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import random
 import time
 
+from halo_agent.actions import page_actions
 from halo_agent.types import Element, Observation, PolicyOutput
 
 # Short words for text fields: common MiniWoB answers and filler.
@@ -51,7 +55,11 @@ class RandomPolicy:
     policy_version = "random-v1"
     uses_screenshot = False
 
-    def __init__(self, temperature: float = 1.0, seed: int = 0, n: int = 1, finish_probability: float = 0.05, **_: object):
+    def __init__(self, temperature: float = 1.0, seed: int = 0, n: int = 1, finish_probability: float = 0.05,
+                 constrain_actions: bool = False, **_: object):
+        if not isinstance(constrain_actions, bool):
+            raise ValueError(f"constrain_actions must be true or false, got {constrain_actions!r}")
+        self.constrain_actions = constrain_actions
         if int(n) < 1:
             raise ValueError("n must be at least 1")
         if not 0.0 <= float(finish_probability) <= 1.0:
@@ -84,6 +92,9 @@ class RandomPolicy:
             return finish
         if not elements:
             return NO_ACTION
+        if self.constrain_actions:
+            choices = page_actions(elements)
+            return choices[0] if self.temperature <= 0 else self.rng.choice(choices)
         if self.temperature <= 0:
             return action_for(elements[0], random.Random(0))
         return action_for(self.rng.choice(elements), self.rng)
