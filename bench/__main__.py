@@ -14,6 +14,7 @@ COMMANDS = {
     "vlm": ("bench.vlm", "image tokens per step and peak memory of a VLM job"),
     "hierarchy": ("bench.hierarchy", "the verified action cache and loop recovery"),
     "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),
+    "learning": ("bench.learning", "the pre-registered learning experiment (run, status, export; bench/protocols/)"),
     "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),
 }
 

@@ -27,6 +27,7 @@ pages = [
     st.Page("app_pages/search.py", title="Search trees"),
     st.Page("app_pages/errors.py", title="Errors"),
     st.Page("app_pages/compare.py", title="Compare"),
+    st.Page("app_pages/experiments.py", title="Experiments"),
     st.Page("app_pages/sql.py", title="SQL"),
 ]
 page = st.navigation(pages)

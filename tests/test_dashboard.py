@@ -166,7 +166,7 @@ def texts(at: AppTest) -> str:
     return "\n".join(parts)
 
 
-ALL_PAGES = ("overview", "rewards", "grpo", "replay", "training", "errors", "compare", "sql")
+ALL_PAGES = ("overview", "rewards", "grpo", "replay", "training", "errors", "compare", "experiments", "sql")
 
 
 # ---------------------------------------------------------------------------------- empty / missing

@@ -1,0 +1,178 @@
+"""A learning experiment's results as data: bench/results/NAME/ from its lake and adapters.
+
+- ``episodes.parquet``: one row per evaluation episode — arm, training_seed, split (test_seeds | heldout_tasks |
+  dev), task_id, task_seed, attempt, success, n_steps, shaped_return — plus env_steps (the environment steps the
+  evaluated policy was trained with: the curve's x), version (online_grpo's served version on the dev curve) and
+  run_id;
+- ``timing.json``: seconds per evaluation step, per online iteration (rollout, update, reload) and per training job;
+- ``meta.json``: the protocol file and the commit that registered it, the planned episodes of every cell (the
+  report marks the results partial while any is short), when it was exported;
+- ``adapters/ARM/``: the final LoRA adapter of each trained arm's first training seed, stored in float16.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+EPISODE_COLUMNS = ("arm", "training_seed", "split", "task_id", "task_seed", "attempt", "success", "n_steps",
+                   "shaped_return", "env_steps", "version", "run_id")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def _eval_runs(runner) -> dict[str, dict[str, Any]]:
+    """run id -> (arm, training_seed, split, version) of every evaluation run the protocol plans or online_grpo made."""
+    p = runner.p
+    runs: dict[str, dict[str, Any]] = {}
+    for arm in p.arms:
+        for seed in p.arm_seeds(arm):
+            for cell in p.eval_cells(arm, seed):
+                runs[cell.run_id] = {"arm": arm, "training_seed": seed, "split": cell.split, "version": None}
+    return runs
+
+
+def _online_curve_runs(runner, seed: int) -> dict[str, dict[str, Any]]:
+    online = runner.p.online_run(seed)
+    rows = runner.state.query("select distinct run_id from steps where starts_with(run_id, $p)", {"p": f"{online}-eval-v"},
+                              views=False, tables=("steps",))
+    out = {}
+    for row in rows:
+        m = re.fullmatch(re.escape(online) + r"-eval-v(\d+)-s\d+", row["run_id"])
+        if m:
+            out[row["run_id"]] = {"arm": "online_grpo", "training_seed": seed, "split": "dev", "version": int(m.group(1))}
+    return out
+
+
+def _steps_of(runner, run_ids: list[str]) -> int:
+    if not run_ids:
+        return 0
+    rows = runner.state.query("select coalesce(sum(n_steps), 0) n from episodes where list_contains($ids, run_id)", {"ids": run_ids})
+    return int(rows[0]["n"]) if rows else 0
+
+
+def training_env_steps(runner, arm: str, seed: int) -> dict[int | None, int]:
+    """Environment steps behind each evaluated version of an arm (None: its final policy)."""
+    p = runner.p
+    if p.arms[arm]["kind"] != "trained":
+        return {None: 0}
+    if arm != "online_grpo":
+        return {None: _steps_of(runner, [p.sample_run(seed)])}
+    its = runner.state.online_iterations(p.online_run(seed))
+    steps, out, total = [], {0: 0}, 0
+    for it in its:
+        total += _steps_of(runner, [it["rollout_run"]])
+        steps.append(total)
+        version = int(it["served_after"]["version"])
+        out.setdefault(version, total)
+    out[None] = total
+    return out
+
+
+def episode_rows(runner) -> list[dict[str, Any]]:
+    runs = _eval_runs(runner)
+    for seed in runner.p.arm_seeds("online_grpo") if "online_grpo" in runner.p.arms else ():
+        runs.update(_online_curve_runs(runner, seed))
+    if not runs:
+        return []
+    episodes = runner.state.query(
+        "select run_id, task_id, task_seed, attempt_idx, success, n_steps, shaped_return from episodes "
+        "where list_contains($ids, run_id) order by run_id, task_id, task_seed, attempt_idx", {"ids": sorted(runs)})
+    env_steps: dict[tuple[str, int], dict[int | None, int]] = {}
+    rows = []
+    for e in episodes:
+        info = runs[e["run_id"]]
+        key = (info["arm"], info["training_seed"])
+        if key not in env_steps:
+            env_steps[key] = training_env_steps(runner, *key)
+        rows.append({
+            "arm": info["arm"], "training_seed": info["training_seed"], "split": info["split"],
+            "task_id": e["task_id"], "task_seed": int(e["task_seed"]), "attempt": int(e["attempt_idx"]),
+            "success": bool(e["success"]), "n_steps": int(e["n_steps"]), "shaped_return": float(e["shaped_return"] or 0.0),
+            "env_steps": env_steps[key].get(info["version"], env_steps[key].get(None)), "version": info["version"],
+            "run_id": e["run_id"],
+        })
+    return rows
+
+
+def timing(runner) -> dict[str, Any]:
+    """Seconds per policy step of every evaluation run, per online iteration split, and per training job."""
+    evals = runner.state.query(
+        "select run_id, count(*) AS steps, avg(latency_ms) / 1000 AS policy_seconds_per_step, "
+        "epoch(max(ended_at) - min(started_at)) / count(*) AS wall_seconds_per_step "
+        "from steps where starts_with(run_id, $p) group by run_id order by run_id", {"p": f"{runner.p.prefix}-"},
+        views=False, tables=("steps",))
+    online = {}
+    for seed in runner.p.arm_seeds("online_grpo") if "online_grpo" in runner.p.arms else ():
+        its = runner.state.online_iterations(runner.p.online_run(seed))
+        online[f"s{seed}"] = [{
+            "iteration": it["iteration"],
+            "iteration_seconds": it["metrics"].get("iteration_seconds"),
+            "update_seconds": it["metrics"].get("update_seconds"),
+            "reload_seconds": it["metrics"].get("reload_seconds"),
+            "rollout_steps_per_second": it["metrics"].get("rollout_steps_per_second"),
+            "update": it.get("update"),
+        } for it in its]
+    jobs = runner.state.query(
+        "select run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds from runs "
+        "where kind = 'train' and output_dir is not null order by run_id", views=False, tables=("runs",))
+    root = str((runner.root / "adapters").resolve())
+    train = [j for j in jobs if str(j["output_dir"] or "").startswith(root)]
+    return {"eval_runs": evals, "online_iterations": online, "train_jobs": train}
+
+
+def _git_commit_of(path: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%H", "--", str(path)], capture_output=True, text=True,
+                             cwd=path.parent, check=True)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    return out.stdout.strip() or None
+
+
+def copy_adapter(src: Path, dst: Path) -> None:
+    """The adapter's config and weights, the weights in float16 (half the size; LoRA deltas lose nothing that matters)."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / "adapter_config.json", dst / "adapter_config.json")
+    tensors = load_file(str(src / "adapter_model.safetensors"))
+    save_file({k: v.half().contiguous() for k, v in tensors.items()}, str(dst / "adapter_model.safetensors"))
+
+
+def export(runner, results: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bench.learning_state import BASE_MODEL
+
+    results.mkdir(parents=True, exist_ok=True)
+    rows = episode_rows(runner)
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("arm", pa.string()), ("training_seed", pa.int64()), ("split", pa.string()), ("task_id", pa.string()),
+        ("task_seed", pa.int64()), ("attempt", pa.int64()), ("success", pa.bool_()), ("n_steps", pa.int64()),
+        ("shaped_return", pa.float64()), ("env_steps", pa.int64()), ("version", pa.int64()), ("run_id", pa.string()),
+    ]))
+    pq.write_table(table, results / "episodes.parquet")
+    (results / "timing.json").write_text(json.dumps(timing(runner), indent=1, default=str) + "\n")
+    p = runner.p
+    planned = {c.run_id: {"arm": c.arm, "training_seed": c.training_seed, "split": c.split, "episodes": c.episodes}
+               for arm in p.arms for seed in p.arm_seeds(arm) for c in p.eval_cells(arm, seed)}
+    root = Path(__file__).resolve().parent.parent
+    meta = {"protocol": str(p.path.resolve().relative_to(root)) if p.path.resolve().is_relative_to(root) else p.path.name,
+            "registered_at_commit": _git_commit_of(p.path), "name": p.name, "version": p.version,
+            "arms": list(p.arms), "training_seeds": list(p.training_seeds), "planned": planned,
+            "exported_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    (results / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    copied = []
+    for arm in p.arms:
+        if p.arms[arm]["kind"] == "trained":
+            final = runner.final_adapter(arm, p.training_seeds[0])
+            if final and final != BASE_MODEL:
+                copy_adapter(Path(final), results / "adapters" / arm)
+                copied.append(arm)
+    return f"{len(rows)} evaluation episodes -> {results / 'episodes.parquet'}; adapters: {', '.join(copied) or 'none yet'}"

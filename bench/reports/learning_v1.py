@@ -1,0 +1,150 @@
+"""learning-v1's tables from its committed results (bench/results/learning-v1/): success per arm with the
+registered intervals, the differences, the held-out curve and the seconds each part took.
+
+    .venv/bin/python -m bench report learning-v1
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections import defaultdict
+from typing import Any
+
+from halo_data.stats import mean_interval, newcombe, welch_interval, wilson
+
+SPLIT_ORDER = ("test_seeds", "heldout_tasks", "dev")
+ARM_ORDER = ("zero_shot", "random", "heuristic", "bc_filtered", "dpo", "online_grpo")
+RUN = "`python -m bench learning run`"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _interval(lo: float | None, hi: float | None) -> str:
+    return "–" if lo is None or hi is None else f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _signed(d: float, lo: float | None, hi: float | None) -> str:
+    return f"{100 * d:+.1f} " + ("" if lo is None else f"[{100 * lo:+.1f}, {100 * hi:+.1f}]")
+
+
+def load_rows(results_dir: pathlib.Path) -> list[dict[str, Any]]:
+    path = results_dir / "episodes.parquet"
+    if not path.exists():
+        return []
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def cells(rows: list[dict[str, Any]], split: str) -> dict[str, dict[int, tuple[int, int]]]:
+    """arm -> training seed -> (successes, attempts) of the final policies on one split (the curve's
+    intermediate online_grpo versions left out)."""
+    out: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in rows:
+        if r["split"] == split and r.get("version") is None:
+            c = out[r["arm"]][r["training_seed"]]
+            c[0] += int(r["success"])
+            c[1] += 1
+    return {arm: {seed: (s, n) for seed, (s, n) in seeds.items()} for arm, seeds in out.items()}
+
+
+def _ordered(arms) -> list[str]:
+    return sorted(arms, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), a))
+
+
+def _pooled(seeds: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    return sum(s for s, _ in seeds.values()), sum(n for _, n in seeds.values())
+
+
+def _rates(seeds: dict[int, tuple[int, int]]) -> list[float]:
+    return [s / n for s, n in seeds.values() if n]
+
+
+def split_table(rows: list[dict[str, Any]], split: str, planned: dict[str, Any]) -> str:
+    by_arm = cells(rows, split)
+    if not by_arm:
+        return f"No {split} episodes yet.\n"
+    lines = ["| arm | training seeds | attempts | mean over seeds [95% t] | pooled [95% Wilson] | vs zero_shot, pooled [Newcombe] | vs zero_shot, seed means [Welch] | command |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    zero = by_arm.get("zero_shot")
+    for arm in _ordered(by_arm):
+        seeds = by_arm[arm]
+        s, n = _pooled(seeds)
+        m, lo, hi = mean_interval(_rates(seeds))
+        wl, wh = wilson(s, n)
+        planned_n = sum(c["episodes"] for c in planned.values() if c["arm"] == arm and c["split"] == split)
+        attempts = f"{n}" + (f" of {planned_n}" if planned_n and n < planned_n else "")
+        if zero and arm != "zero_shot":
+            zs, zn = _pooled(zero)
+            pooled_diff = _signed(*newcombe(s, n, zs, zn))
+            seed_diff = _signed(*welch_interval(_rates(seeds), _rates(zero)))
+        else:
+            pooled_diff = seed_diff = "–"
+        lines.append(f"| {arm} | {len(seeds)} | {attempts} | {_pct(m)} {_interval(lo, hi)} | {_pct(s / n)} {_interval(wl, wh)} "
+                     f"| {pooled_diff} | {seed_diff} | {RUN} --arms {arm} |")
+    if "online_grpo" in by_arm and "bc_filtered" in by_arm:
+        o, b = by_arm["online_grpo"], by_arm["bc_filtered"]
+        lines.append(f"\nonline_grpo − bc_filtered ({split}): pooled {_signed(*newcombe(*_pooled(o), *_pooled(b)))}, "
+                     f"seed means {_signed(*welch_interval(_rates(o), _rates(b)))} (points).")
+    return "\n".join(lines) + "\n"
+
+
+def curve_table(rows: list[dict[str, Any]]) -> str:
+    """Held-out tasks on dev seeds against the environment steps the evaluated policy was trained with."""
+    points: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["split"] == "dev":
+            p = points[(r["arm"], int(r["env_steps"] or 0))]
+            p[0] += int(r["success"])
+            p[1] += 1
+    if not points:
+        return "No curve points yet.\n"
+    lines = ["| arm | environment steps | held-out success on dev seeds [95% Wilson] | episodes |", "| --- | --- | --- | --- |"]
+    for (arm, steps) in sorted(points, key=lambda k: (ARM_ORDER.index(k[0]) if k[0] in ARM_ORDER else len(ARM_ORDER), k[1])):
+        s, n = points[(arm, steps)]
+        lines.append(f"| {arm} | {steps} | {_pct(s / n)} {_interval(*wilson(s, n))} | {n} |")
+    return "\n".join(lines) + "\n"
+
+
+def timing_table(timing: dict[str, Any]) -> str:
+    lines = []
+    evals = [e for e in timing.get("eval_runs", []) if e.get("steps")]
+    if evals:
+        lines += ["| run | steps | policy s/step | wall s/step |", "| --- | --- | --- | --- |"]
+        lines += [f"| {e['run_id']} | {e['steps']} | {e['policy_seconds_per_step'] or 0:.2f} | {e['wall_seconds_per_step'] or 0:.2f} |"
+                  for e in evals]
+    for seed, its in (timing.get("online_iterations") or {}).items():
+        for it in its:
+            total, update, reload = it.get("iteration_seconds"), it.get("update_seconds") or 0.0, it.get("reload_seconds") or 0.0
+            rollout = None if total is None else total - update - reload
+            lines.append(f"- online_grpo {seed} iteration {it['iteration']}: {total or 0:.0f} s = rollout {rollout or 0:.0f} s"
+                         f" + update {update:.0f} s + reload {reload:.1f} s ({it.get('update')})")
+    for job in timing.get("train_jobs", []):
+        lines.append(f"- {job['job_type']} {pathlib.Path(str(job['output_dir'])).name}: {job['job_seconds'] or 0:.0f} s")
+    return ("\n".join(lines) + "\n") if lines else "No timings yet.\n"
+
+
+def report(results_dir: pathlib.Path) -> str:
+    results_dir = pathlib.Path(results_dir)
+    meta_path = results_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    planned = meta.get("planned", {})
+    rows = load_rows(results_dir)
+    done: dict[str, int] = defaultdict(int)
+    for r in rows:
+        done[r["run_id"]] += 1
+    short = [run for run, c in planned.items() if done.get(run, 0) < c["episodes"]]
+    out = [f"Protocol `{meta.get('protocol', 'bench/protocols/learning-v1.yaml')}` (registered at commit "
+           f"{(meta.get('registered_at_commit') or '?')[:10]}); exported {meta.get('exported_at', '?')}.\n"]
+    if short:
+        out.append(f"**PARTIAL**: {len(planned) - len(short)} of {len(planned)} planned evaluation cells are complete; "
+                   "the figures below are of the episodes that exist and say nothing about the arms still missing.\n")
+    for split in SPLIT_ORDER[:2]:
+        out.append(f"**{split}** (success %, 95% intervals):\n\n" + split_table(rows, split, planned))
+    out.append("**Curve** (held-out tasks, dev seeds):\n\n" + curve_table(rows))
+    timing_path = results_dir / "timing.json"
+    out.append("**Seconds**:\n\n" + timing_table(json.loads(timing_path.read_text()) if timing_path.exists() else {}))
+    return "\n".join(out)

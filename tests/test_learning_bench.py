@@ -1,0 +1,138 @@
+"""bench learning: the pre-registered experiment's runner on a small protocol — real rollouts in Chromium into a real
+lake, resumed from the lake alone, exported and reported; the statistics it registered."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.learning import Runner
+from bench.learning_protocol import Protocol, ProtocolError, load
+from halo_data.stats import mean_interval, newcombe, welch_interval, wilson
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def small_protocol(tmp_path: Path, **changes) -> Path:
+    """learning-v1's own file with the tasks, seeds and budgets cut to a few episodes."""
+    raw = yaml.safe_load((REPO / "bench" / "protocols" / "learning-v1.yaml").read_text())
+    raw.update(name="learning-small", tasks={"train": ["click-button"], "heldout": ["click-test"]})
+    raw["splits"]["test"].update(train_tasks_seeds=2, heldout_tasks_seeds=2)
+    raw["splits"]["dev"].update(curve_seeds=1)
+    raw["interface"]["max_steps"] = 3
+    raw.update(changes)
+    path = tmp_path / "learning-small.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_registered_protocol_loads_and_keeps_its_promises():
+    p = load("learning-v1")
+    assert p.base_model == "smollm2-135m-instruct" and len(p.training_seeds) >= 3
+    assert len(p.train_tasks) >= 6 and len(p.heldout_tasks) >= 4 and not set(p.train_tasks) & set(p.heldout_tasks)
+    assert int(p.splits["test"]["first"]) >= 200000
+    for arm in p.arms:
+        for seed in p.arm_seeds(arm):
+            for cell in p.eval_cells(arm, seed):
+                assert cell.split == "dev" or cell.episodes >= 200
+    online = p.hyperparameters["online_grpo"]
+    online_episodes = online["iterations"] * online["seeds_per_iteration"] * online["group_size"] * len(p.train_tasks)
+    sample = p.budget["sample"]
+    assert online_episodes == sample["task_seeds"] * sample["attempts"] * len(p.train_tasks) == p.budget["episodes"]
+
+
+def test_a_protocol_that_trains_on_a_held_out_task_or_overlaps_splits_is_refused(tmp_path):
+    with pytest.raises(ProtocolError, match="held-out tasks are trained on"):
+        Protocol.load(small_protocol(tmp_path, tasks={"train": ["click-button"], "heldout": ["click-button"]}))
+    raw = yaml.safe_load(small_protocol(tmp_path).read_text())
+    raw["splits"]["dev"]["first"] = 5
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProtocolError, match="splits overlap"):
+        Protocol.load(tmp_path / "bad.yaml")
+
+
+def test_intervals_match_their_textbook_values():
+    lo, hi = wilson(0, 10)
+    assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson(15, 20)
+    assert (lo, hi) == (pytest.approx(0.5313, abs=1e-4), pytest.approx(0.8881, abs=1e-4))
+    # Newcombe 1998, example (56/70 - 48/80): 0.2 [0.0524, 0.3339]
+    d, lo, hi = newcombe(56, 70, 48, 80)
+    assert (d, lo, hi) == (pytest.approx(0.2), pytest.approx(0.0524, abs=1e-3), pytest.approx(0.3339, abs=1e-3))
+    m, lo, hi = mean_interval([0.5, 0.6, 0.7])
+    assert m == pytest.approx(0.6) and hi - m == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+    assert mean_interval([0.4]) == (0.4, None, None)
+    d, lo, hi = welch_interval([0.5, 0.6, 0.7], [0.3])  # a single-policy arm contributes no spread
+    assert d == pytest.approx(0.3) and (hi - d) == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+
+
+def test_trained_arms_are_never_evaluated_before_their_training_is_final(tmp_path):
+    runner = Runner(load(small_protocol(tmp_path)), tmp_path / "root", dry_run=True)
+    runner.run()
+    commands = (tmp_path / "root" / "commands.log").read_text()
+    assert "halo-train bc" in commands and "halo-train dpo" in commands and "halo-train online-grpo" in commands
+    assert "lsv1-eval-zero_shot-s0-test_seeds" in commands
+    for arm in ("bc_filtered", "dpo", "online_grpo"):
+        assert f"-eval-{arm}-" not in commands  # no final adapter: no evaluation, test seeds least of all
+    assert "--train-seed-start 20000" in commands and "--eval-seed-start 160000" in commands
+
+
+@pytest.fixture(scope="module")
+def policy_arms(tmp_path_factory):
+    """The random and heuristic arms of the small protocol, run once into a real lake."""
+    tmp = tmp_path_factory.mktemp("learning")
+    runner = Runner(load(small_protocol(tmp)), tmp / "root")
+    runner.run(arms=["random", "heuristic"])
+    return runner
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_policy_arms_run_once_and_resume_from_the_lake_alone(policy_arms):
+    runner = policy_arms
+    log = runner.root / "commands.log"
+    assert len(log.read_text().splitlines()) == 4  # 2 arms x (test seeds, held-out tasks)
+    assert {r["done"] for r in runner.status() if "-eval-random-" in r["stage"] or "-eval-heuristic-" in r["stage"]} == {"2/2"}
+    again = Runner(runner.p, runner.root)  # a new process knows only the lake
+    again.run(arms=["random", "heuristic"])
+    assert len(log.read_text().splitlines()) == 4  # everything there: nothing runs again
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_export_and_report_of_a_partial_experiment(policy_arms, tmp_path):
+    import pyarrow.parquet as pq
+
+    from bench.learning_export import export
+    from bench.reports.learning_v1 import report
+
+    results = tmp_path / "results"
+    assert export(policy_arms, results).startswith("8 evaluation episodes")
+    rows = pq.read_table(results / "episodes.parquet").to_pylist()
+    assert {(r["arm"], r["split"]) for r in rows} == {(a, s) for a in ("random", "heuristic") for s in ("test_seeds", "heldout_tasks")}
+    assert {r["task_seed"] for r in rows} == {200100, 200101}
+    assert all(r["training_seed"] == 0 and r["env_steps"] == 0 and 1 <= r["n_steps"] <= 3 for r in rows)
+    assert all(r["success"] for r in rows if r["arm"] == "heuristic")  # click-button and click-test name what to click
+
+    text = report(results)
+    assert "**PARTIAL**" in text  # zero_shot and the trained arms are missing
+    assert "| heuristic | 1 | 2 | 100.0" in text
+    assert "`python -m bench learning run` --arms random" in text
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_dashboard_shows_the_experiments_cells(policy_arms, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("HALO_LAKE", str(policy_arms.lake))
+    at = AppTest.from_file(str(REPO / "dashboards" / "app.py"), default_timeout=60)
+    at.run()
+    at.switch_page("app_pages/experiments.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert set(table.arm) == {"random", "heuristic"} and set(table.split) == {"test_seeds", "heldout_tasks"}
+    assert (table[table.arm == "heuristic"]["pooled %"] == 100.0).all()
