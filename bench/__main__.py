@@ -19,12 +19,17 @@ COMMANDS = {
 }
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["report"]:  # the tables of docs/benchmarks.md, from bench/results/ (bench/reports/)
+        from bench.reports import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
     if sys.argv[1:2] and sys.argv[1] in COMMANDS:
         importlib.import_module(COMMANDS[sys.argv[1]][0]).main(sys.argv[2:])
     else:
         if sys.argv[1:2] in (["-h"], ["--help"]):
             print("Other benchmarks: python -m bench NAME [--help], NAME one of:\n" + "".join(
-                f"  {name:<14} {what}\n" for name, (_, what) in COMMANDS.items()))
+                f"  {name:<14} {what}\n" for name, (_, what) in COMMANDS.items())
+                + "Their tables: python -m bench report [NAME] [--write] (docs/benchmarks.md)\n")
         from bench.run import main
 
         main()

@@ -25,7 +25,7 @@ What it separates: an online loop that stays at chance on which choice is right 
 same states with every right answer given and batches drawn from all of them; if it learns and the loop does not,
 the loop's data flow is what to change (bench/README.md, "What click-button's plateau is").
 
-The figures are printed and written to bench/results/choice-probe-<time>.json. It is a measurement, never a timed
+The figures are printed and written to bench/results/choice-probe/<time>.json. It is a measurement, never a timed
 test.
 """
 
@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             acc, p = evaluate(held)
             curve.append({"step": step, "heldout_accuracy": acc, "heldout_p_right": p, "seconds": time.perf_counter() - t0})
             print(f"{step:>6} {acc:>18.2f} {p:>9.2f} {curve[-1]['seconds']:>8.0f}", flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"choice-probe-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}.json"
+    (RESULTS / "choice-probe").mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "choice-probe" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}.json"
     out.write_text(json.dumps({"workdir": str(work), "options": vars(a), "train_states": len(train), "heldout_states": len(held),
                                "chance": chance, "curve": curve}, indent=2))
     print(f"results in {out}")

@@ -15,7 +15,7 @@
 The worker is HALO's random policy (no model weights can be downloaded here; a served model
 is one ``--worker openai --model NAME`` away), so "worker calls" count calls to the worker
 policy. The manager is a tiny model served by HALO's chat server on 127.0.0.1. Figures are
-printed and written to bench/results/hierarchy-<time>.json; a measurement, never a timed test.
+printed and written to bench/results/hierarchy/<time>.json; a measurement, never a timed test.
 """
 
 from __future__ import annotations
@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
-import json
 import logging
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from bench.reports import save
+
 MINIWOB_TASKS = ("click-button", "click-link", "click-dialog", "click-test-2", "click-tab", "click-widget", "focus-text-2",
                  "click-checkboxes")
 GOMAIL_TASK = "halo-local.gomail-local-2"
@@ -160,29 +158,29 @@ def main(argv: list[str] | None = None) -> None:
         managed = run_arm(Arm("worker-manager-recovery", lake, options={"worker": "random", "manager": manager}, **common))
         result["loops"] = {"worker alone": loop_figures(lake, alone), "worker + manager + recovery": loop_figures(lake, managed)}
     result["seconds"] = time.perf_counter() - t0
-    report(result)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"hierarchy-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
+    print(report(result))
+    out = save("hierarchy", result, argv)
     print(f"{result['seconds']:.0f} s; results in {out}")
 
 
-def report(result: dict[str, Any]) -> None:
-    print("\n| site | cache | episodes | success rate | worker calls | worker calls per success | cache hits | steps per episode |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+def report(result: dict[str, Any]) -> str:
+    """The cache table and the loop table of one run's result."""
+    lines = ["| site | cache | episodes | success rate | worker calls | worker calls per success | cache hits | steps per episode |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for site, arms in result["cache"].items():
         for arm, f in arms.items():
             per = "-" if f["worker_calls_per_success"] is None else f"{f['worker_calls_per_success']:.2f}"
-            print(f"| {site} | {arm} | {f['episodes']} | {f['success_rate']:.1%} | {f['worker_calls']} | {per} | "
-                  f"{f['cache_hits']} | {f['steps']:.2f} |")
+            lines.append(f"| {site} | {arm} | {f['episodes']} | {f['success_rate']:.1%} | {f['worker_calls']} | {per} | "
+                         f"{f['cache_hits']} | {f['steps']:.2f} |")
         before, after = arms["empty"], arms["cached"]
         if before["worker_calls_per_success"] and after["worker_calls_per_success"] is not None:
             cut = 1 - after["worker_calls_per_success"] / before["worker_calls_per_success"]
-            print(f"| {site} | change | | {after['success_rate'] - before['success_rate']:+.1%} | | {-cut:+.0%} | | |")
-    print("\n| condition | episodes | hit a loop | recovered | recovery steps | successes |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+            lines.append(f"| {site} | change | | {after['success_rate'] - before['success_rate']:+.1%} | | {-cut:+.0%} | | |")
+    lines += ["", "| condition | episodes | hit a loop | recovered | recovery steps | successes |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, f in result["loops"].items():
-        print(f"| {name} | {f['episodes']} | {f['looped']} | {f['recovered']} | {f['recovery_steps']} | {f['successes']} |")
+        lines.append(f"| {name} | {f['episodes']} | {f['looped']} | {f['recovered']} | {f['recovery_steps']} | {f['successes']} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ With ``--cover-choices`` each iteration's line of the curve adds the sampling ve
 choices (``choice_figures``). ``--wide-eval-seeds N`` measures start, random and the last version again on N
 held-out seeds after the loop: a finished run's own command with it adds only that.
 
-The figures are printed and written to bench/results/online-<time>.json. It is a
+The figures are printed and written to bench/results/online/<time>.json. It is a
 measurement, never a timed test. ``--workdir`` keeps everything, and running the same
 command again resumes it.
 """
@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{c['frac_reward_zero_std']:>11.0%}  {str(c['updated']):>7}" +
               (f"  {fmt(c['p_best'])}  {fmt(c['p_best_given_named'])} ({c['states_2plus_named']} states)"
                if a.cover_choices else ""))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"online-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+    (RESULTS / "online").mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "online" / f"{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
 

@@ -13,7 +13,7 @@ the update and the rollout did not share CPU cores: sum(rollout + update) / sum(
 
 ``--threads`` caps torch's threads (the update, the chat server) in both modes alike. The machine's
 load (``os.getloadavg``) is printed before and after: on a shared machine it decides the figures.
-Results go to bench/results/online-pipeline-<time>.json. A measurement, never a timed test.
+Results go to bench/results/online-pipeline/<time>.json. A measurement, never a timed test.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"sequential / pipelined wall time: {ratio:.2f}x (ideal with free cores, from the sequential run's "
               f"rollout and update times: {ideal:.2f}x)")
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"online-pipeline-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+    (RESULTS / "online-pipeline").mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "online-pipeline" / f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(summary, indent=2, default=str))
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")
 

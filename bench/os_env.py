@@ -1,6 +1,6 @@
 """The os environment's speed: sandbox start, per-command overhead, and samples per second with 1 and 2 workers.
 
-    python -m bench os                   # prints the figures and appends them to bench/README.md
+    python -m bench os                   # prints the figures and writes bench/results/os/<time>.json
 
 - sandbox start: ``Sandbox.start`` (namespaces, overlay, masks, pivot_root, cgroup) to the holder's
   ready line, median over ``N_STARTS`` fresh sandboxes, with ``close`` timed too;
@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.reports import save
 from bench.rollout import run_json_command
 
-ROOT = Path(__file__).resolve().parent.parent
 N_STARTS = 50
 N_COMMANDS = 100
 
@@ -76,20 +76,14 @@ def main(argv: list[str] | None = None) -> dict:
     overhead = command_overhead()
     with tempfile.TemporaryDirectory() as tmp:
         runs = [samples_per_second(w, Path(tmp) / "lake") for w in (1, 2)]
-    report = {"sandbox": start, "command": overhead, "rollout": runs, "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}
-    return publish(report, render(report))
-
-
-def publish(report: dict, text: str) -> dict:
-    """Print a measurement's section and append it to bench/README.md."""
-    print(text)
-    readme = ROOT / "bench" / "README.md"
-    readme.write_text(readme.read_text() + "\n" + text)
+    report = {"sandbox": start, "command_overhead": overhead, "rollout": runs, "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}
+    print(render(report))
+    print(f"results in {save('os', report, argv)}")
     return report
 
 
 def render(report: dict) -> str:
-    s, c, (one, two) = report["sandbox"], report["command"], report["rollout"]
+    s, c, (one, two) = report["sandbox"], report["command_overhead"], report["rollout"]
     return "\n".join([
         f"## os environment: sandbox start, command overhead, samples/s ({time.strftime('%Y-%m-%d')}, `python -m bench os`)",
         "",

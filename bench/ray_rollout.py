@@ -13,12 +13,12 @@ seconds) is left out of both, and given separately as the runs' wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from bench.reports import save
 from bench.rollout import available, bench_tasks, run_rollout
 from bench.run import mmm
 
@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{wall['min']:5.1f} / {wall['median']:5.1f} / {wall['max']:5.1f}")
     ratios = result["ray_over_pool"]
     print(f"ray / pool, side by side: {', '.join(f'{x:.2f}x' for x in ratios)}")
-    out = Path(__file__).resolve().parent / "results" / f"ray-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str))
+    result["seconds"] = time.perf_counter() - t0
+    out = save("ray", result, argv)
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")

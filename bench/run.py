@@ -6,7 +6,7 @@
 
 Each figure is measured in the same run as its baseline; times and ratios are
 given as min/median/max over ``--repeats``. Results are also written as JSON
-under bench/results/ (git-ignored). The older pipeline is measured only up to
+under bench/results/lake/ (``python -m bench report lake`` tables the committed ones). The older pipeline is measured only up to
 ``--legacy-max-steps`` (a 1M-step JSONL with base64 screenshots is ~90 GB); beyond
 it the table states a per-step extrapolation, marked as such.
 """
@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -119,6 +120,7 @@ class Options:
     quick: bool
     rollout: bool
     dashboard: bool
+    argv: list[str] = dataclasses.field(default_factory=list)
 
 
 class Bench:
@@ -126,6 +128,7 @@ class Bench:
         self.opts = opts
         self.results: dict[str, Any] = {
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": shlex.join([".venv/bin/python", "-m", "bench", *opts.argv]),
             "machine": machine(),
             "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
             "sizes": {},
@@ -213,10 +216,10 @@ class Bench:
         return self.results
 
     def save(self) -> Path:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / f"bench-{self.results['started_at'].replace(':', '')}.json"
-        path.write_text(json.dumps(self.results, indent=2, default=str))
-        (RESULTS / "latest.json").write_text(json.dumps(self.results, indent=2, default=str))
+        """bench/results/lake/<start time>.json, the table's source (``python -m bench report lake``)."""
+        (RESULTS / "lake").mkdir(parents=True, exist_ok=True)
+        path = RESULTS / "lake" / f"{self.results['started_at'].replace(':', '').replace('+0000', '')}.json"
+        path.write_text(json.dumps(self.results, indent=2, default=str) + "\n")
         return path
 
 
@@ -471,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         quick=a.quick,
         rollout=not a.no_rollout,
         dashboard=not a.no_dashboard,
+        argv=list(sys.argv[1:] if argv is None else argv),
     )
     try:
         results = Bench(opts).run()
@@ -479,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(workdir, ignore_errors=True)
     print()
     print_table(results)
-    print(f"\nresults: {RESULTS / 'latest.json'}")
+    print(f"\nresults: {RESULTS / 'lake'}")
 
 
 if __name__ == "__main__":

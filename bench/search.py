@@ -15,14 +15,13 @@ too) and the same policy (random, HALO's offline default), the same depth limit:
   child is closed; 0.5 is progressive widening).
 
 A task seed counts as solved when the method reached a successful terminal state. The
-fractions are printed side by side and written to bench/results/search-<time>.json. It
+fractions are printed side by side and written to bench/results/search/<time>.json. It
 is a measurement, never a timed test.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import statistics
@@ -30,8 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.reports import save
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 # Multi-step widgets and forms where one random episode rarely succeeds.
 TASKS = ("click-button-sequence", "click-checkboxes", "click-collapsible-2", "click-tab-2", "use-spinner")
 
@@ -116,9 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         workdir.cleanup()
     table = summarise(rows)
     print(render(table, args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"search-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows, "table": table, "seconds": time.perf_counter() - t0}, indent=2))
+    out = save("search", {"args": vars(args), "rows": rows, "table": table, "seconds": time.perf_counter() - t0}, argv)
     print(f"written to {out.relative_to(ROOT)}")
 
 

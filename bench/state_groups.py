@@ -15,7 +15,7 @@ Set-up (CPU, nothing downloaded):
 Per iteration it reports the groups read, the trainable ones (reward spread), the rows the update trained
 on, the env steps and candidates, the states that did not reproduce, and the seconds: rollout (sampling,
 scoring candidates, landing) and update. The figures are printed and written to
-bench/results/state-groups-<time>.json. A measurement, never a timed test.
+bench/results/state-groups/<time>.json. A measurement, never a timed test.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{group_by:<8}  {it['iteration']:>9}  {it['episodes']:>8}  {it['env_steps']:>9}  {it['candidates']:>10}  "
                   f"{it['unreproducible_states']:>14}  {it['groups']:>6}  {it['trainable_groups']:>9}  {it['rows_trained']:>12}  "
                   f"{it['rollout_seconds']:>9.1f}  {it['update_seconds']:>8.1f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"state-groups-{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+    (RESULTS / "state-groups").mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "state-groups" / f"{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"{result['seconds']:.0f} s; results in {out}")
 

@@ -19,12 +19,13 @@ by milestones alone; then what reading ``/finish`` cost per step.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.reports import save
 
 # Plans on HALO's local GoMail clone (five emails: e1 Alice Chen, e2 Uber, e3 Brian King, e4 Amazon, e5 Notifications).
 PLANS: dict[str, dict[str, dict[str, list[tuple[str, ...]]]]] = {
@@ -153,10 +154,16 @@ def _f(x, digits=2) -> str:
     return "NULL" if x is None else f"{x:.{digits}f}"
 
 
-def report(lake) -> str:
+def collect(lake) -> dict:
+    """What the report is made of, read from the lake: per episode, the shaped returns at other weights, the cost rows."""
+    return {"episodes": lake.query_arrow(EPISODES_SQL).to_pylist(), "cost": lake.query_arrow(COST_SQL).to_pylist(),
+            "reweighted": {str(w): lake.query_arrow("SELECT task_id, run_id, shaped_return, final_task_progress FROM episodes",
+                                                    params={"w_task_progress": w}).to_pylist() for w in (1.0, 2.0, 3.0, 4.0)}}
+
+
+def report(data: dict) -> str:
     """The table, what each progress says of the partial solution against the random episodes, and the cost of reading /finish."""
-    rows = lake.query_arrow(EPISODES_SQL).to_pylist()
-    cost = lake.query_arrow(COST_SQL).to_pylist()
+    rows, cost = data["episodes"], data["cost"]
     lines = ["| task | episode | milestone progress | task-aware progress | success | shaped return | rank: task-aware | rank: milestones |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     verdicts = []
@@ -179,9 +186,8 @@ def report(lake) -> str:
                 f"task-aware progress, {above('r_progress')}/{len(randoms)} on milestone progress, "
                 f"{above('shaped_return')}/{len(randoms)} on the shaped return")
     # The shaped return at other weights of task_progress, re-weighted by the views (no new episodes).
-    for w in (1.0, 2.0, 3.0, 4.0):
-        shaped = lake.query_arrow("SELECT task_id, run_id, shaped_return, final_task_progress FROM episodes",
-                                  params={"w_task_progress": w}).to_pylist()
+    for w_text, shaped in data["reweighted"].items():
+        w = float(w_text)
         parts = []
         for task in by_task:
             partial = next((r for r in shaped if r["task_id"] == task and r["run_id"] == "scripted-partial"), None)
@@ -221,9 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="halo-task-progress-") as tmp:
         root = Path(args.lake) if args.lake else Path(tmp) / "lake"
         lake = run(args.site, tasks, plans, args.random_episodes, args.random_steps, root)
-        print(report(lake))
-    print(json.dumps({"site": args.site, "tasks": tasks, "random_episodes": args.random_episodes,
-                      "random_steps": args.random_steps}))
+        data = collect(lake)
+    print(report(data))
+    out = save("task-progress", {"site": args.site, "tasks": tasks, "random_episodes": args.random_episodes,
+                                 "random_steps": args.random_steps, **data}, argv)
+    print(f"results in {out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ backend, each in its own process so its peak memory is its own (``ru_maxrss``;
 on a GPU also ``torch.cuda.max_memory_allocated``). Image tokens are the pad
 tokens the processor inserted (one per merged patch), counted by the job's
 collator and divided by the optimizer steps (x gradient accumulation, 1 here).
-Printed side by side, and written to bench/results/vlm-<time>.json.
+Printed side by side, and written to bench/results/vlm/<time>.json.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from bench.reports import save
+
 
 
 def _train(job: str, lake: str, base_model: str, out: str, backend: str, steps: int, batch_size: int, queue) -> None:
@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                 for b in args.backends.split(",") if b.strip()]
     report = {"base_model": args.base_model or "tiny VLM (halo-train make-tiny-model --vision)", "job": args.job,
               "tasks": args.tasks, "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(), "runs": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"vlm-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = save("vlm", report, argv)
     print(table(rows))
     if len(rows) == 2 and rows[0]["tokens_per_second"]:
         print(f"speed-up {rows[1]['backend']} / {rows[0]['backend']}: {rows[1]['tokens_per_second'] / rows[0]['tokens_per_second']:.2f}x")

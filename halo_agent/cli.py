@@ -189,7 +189,7 @@ def _report(summary, as_json: bool) -> None:
 @main.command()
 @_task_options
 @click.option("--policy", type=click.Choice(["random", "openai", "hf", "hierarchy", "goal_match"]), default="random", show_default=True,
-              help="hierarchy: the orchestrator around the policy named by --policy-option worker=NAME (see README); "
+              help="hierarchy: the orchestrator around the policy named by --policy-option worker=NAME (see docs/hierarchy.md); "
                    "goal_match: the rule that acts on the element the goal names (a non-learned baseline).")
 @click.option("--model", default=None, help="Model name (OpenAI, vLLM-served model or LoRA name, local path for hf).")
 @click.option("--adapter", default=None, help="LoRA adapter name or folder.")

@@ -112,3 +112,22 @@ def _nav_files(nav) -> list[str]:
         value = next(iter(item.values())) if isinstance(item, dict) else item
         out += _nav_files(value) if isinstance(value, list) else [value]
     return out
+
+
+def test_the_benchmark_tables_are_the_ones_their_results_files_give():
+    from bench import reports
+
+    page = reports.DOCS_PAGE.read_text()
+    in_docs = reports.blocks(page)
+    assert set(in_docs) == set(reports.names()), "every report has one block on docs/benchmarks.md, and no other block"
+    stale = [name for name in reports.names() if in_docs[name] != reports.report(name)]
+    assert stale == [], f"docs/benchmarks.md is out of date for {stale}: run .venv/bin/python -m bench report --write"
+
+
+def test_a_report_block_is_rewritten_from_its_table_and_a_missing_block_is_named():
+    from bench import reports
+
+    text = "a\n<!-- report: os -->\nold\n<!-- /report: os -->\nb\n"
+    assert reports.rewrite(text, {"os": "| new |\n"}) == "a\n<!-- report: os -->\n| new |\n<!-- /report: os -->\nb\n"
+    with pytest.raises(reports.ReportError, match="no block for ray"):
+        reports.rewrite(text, {"ray": "| x |\n"})
