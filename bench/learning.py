@@ -23,6 +23,7 @@ import datetime as dt
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,16 @@ class Runner:
             return
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / "logs" / f"{log_name}.log", "a") as out:
-            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT)
+            child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT)
+            try:
+                rc = child.wait()
+            except BaseException:  # the runner is stopped (SIGTERM, Ctrl-C): stop the stage too; --resume continues it
+                child.terminate()
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                raise
         if rc != 0:
             raise RuntimeError(f"{argv[0]} exited {rc}: see {self.root / 'logs' / (log_name + '.log')}")
 
@@ -281,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=1, help="rollout worker processes (browsers)")
     ap.add_argument("--dry-run", action="store_true", help="run: print the commands instead of running them")
     args = ap.parse_args(argv)
+    # SIGTERM (kill PID) ends the runner as Ctrl-C would: the running stage and the engine are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         protocol = load(args.protocol)
