@@ -6,7 +6,9 @@
 The earlier revision's ``halo_agent/envs/os_sandbox.py`` is loaded from git (it imports only the
 standard library) and both sandboxes are started in turns (A, B, A, B, ...), so that the load of the
 machine, shared with other jobs, falls on both alike. For each: the median and p90 of ``start``
-(to the holder's ready line), of ``close``, and of ``true`` run through ``run``. The figures go to
+(to the holder's ready line), the median CPU time of a start and close (this process and its
+children, user and system: what the start costs whatever the load), of ``close``, and of ``true``
+run through ``run`` (in one sandbox of each, in turns). The figures go to
 ``bench/results/os-sandbox/<date>-<time>.json``; ``python -m bench report os-sandbox`` tables them.
 """
 
@@ -16,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,51 +42,77 @@ def load_revision(rev: str):
     return module
 
 
-def measure_once(module, commands: int) -> dict[str, float | list[float]]:
+def _cpu_ms() -> float:
+    """CPU time (user + system) of this process and of its reaped children, in ms."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return 1000.0 * (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime)
+
+
+def measure_start(module) -> dict[str, float]:
+    """One fresh sandbox started and closed: wall times, and the CPU time both took (the kernel's included).
+
+    The CPU time hardly moves with the machine's load, unlike the wall time: on an idle machine the
+    start takes about its CPU time."""
+    cpu = _cpu_ms()
     box = module.Sandbox()
     box.start()
-    runs = [box.run("true").duration_ms for _ in range(commands)]
     t0 = time.perf_counter()
     box.close()
-    return {"start_ms": box.start_ms, "close_ms": (time.perf_counter() - t0) * 1000.0, "command_ms": runs}
+    return {"start_ms": box.start_ms, "close_ms": (time.perf_counter() - t0) * 1000.0, "cpu_ms": _cpu_ms() - cpu}
 
 
-def summarize(samples: list[dict]) -> dict[str, float]:
+def measure_commands(modules: dict, commands: int) -> dict[str, list[float]]:
+    """``true`` through ``run``, in one sandbox of each module, in turns."""
+    boxes = {name: module.Sandbox() for name, module in modules.items()}
+    for box in boxes.values():
+        box.start()
+    try:
+        times: dict[str, list[float]] = {name: [] for name in boxes}
+        for _ in range(commands):
+            for name, box in boxes.items():
+                times[name].append(box.run("true").duration_ms)
+        return times
+    finally:
+        for box in boxes.values():
+            box.close()
+
+
+def summarize(samples: list[dict], commands: list[float]) -> dict[str, float]:
     def p90(values: list[float]) -> float:
         return sorted(values)[int(0.9 * (len(values) - 1))]
 
     starts = [s["start_ms"] for s in samples]
-    closes = [s["close_ms"] for s in samples]
-    commands = [c for s in samples for c in s["command_ms"]]
     return {"start_median_ms": statistics.median(starts), "start_p90_ms": p90(starts),
-            "close_median_ms": statistics.median(closes), "command_median_ms": statistics.median(commands),
-            "starts": len(starts), "commands": len(commands)}
+            "start_close_cpu_median_ms": statistics.median(s["cpu_ms"] for s in samples),
+            "close_median_ms": statistics.median(s["close_ms"] for s in samples),
+            "command_median_ms": statistics.median(commands), "starts": len(starts), "commands": len(commands)}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench os-sandbox", description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the sandbox to compare against")
     parser.add_argument("--starts", type=int, default=40, help="fresh sandboxes started by each")
-    parser.add_argument("--commands", type=int, default=5, help="`true` commands run in each sandbox")
+    parser.add_argument("--commands", type=int, default=100, help="`true` commands run through each sandbox")
     args = parser.parse_args(argv)
     from halo_agent.envs import os_sandbox
 
     os_sandbox.check_host()
     baseline = load_revision(args.baseline_rev)
-    measure_once(os_sandbox, 1)  # the root template is made once per host: not a start's cost
+    measure_start(os_sandbox)  # the root template is made once per host: not a start's cost
     current_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     samples: dict[str, list[dict]] = {"current": [], "baseline": []}
     for _ in range(args.starts):
-        samples["baseline"].append(measure_once(baseline, args.commands))
-        samples["current"].append(measure_once(os_sandbox, args.commands))
+        samples["baseline"].append(measure_start(baseline))
+        samples["current"].append(measure_start(os_sandbox))
+    commands = measure_commands({"baseline": baseline, "current": os_sandbox}, args.commands)
     result = {
         "command": "python -m bench os-sandbox " + " ".join(argv or []),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
         "baseline": {"revision": args.baseline_rev, "sandbox": "real root, host / as the overlay's lower layer, masked folders",
-                     **summarize(samples["baseline"])},
+                     **summarize(samples["baseline"], commands["baseline"])},
         "current": {"revision": current_rev, "sandbox": "user namespace, root template + read-only /usr, own /etc",
-                    **summarize(samples["current"])},
+                    **summarize(samples["current"], commands["current"])},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
