@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         report_path.write_text(json.dumps(report, indent=1) + "\n")
     from bench.reports.os_ppo import render
 
-    print(render(report))
+    print(render({**report, "file": report_path.name}))
     return report
 
 
