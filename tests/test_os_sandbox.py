@@ -44,7 +44,7 @@ def test_escape_writes_outside_never_reach_the_host(box, tmp_path, lake):
         f"mkdir -p {tmp_path}; echo owned > {tmp_path}/{marker}; "
         # the classic ways out of a chroot or a mount namespace, each refused
         "mount -t tmpfs x /mnt; echo mount=$?; chroot / true; echo chroot=$?; "
-        "unshare -m true; echo unshare=$?; ls /proc/1/root/work 2>/dev/null | wc -l"
+        "unshare -m true; echo unshare=$?; unshare -U -r true; echo userns=$?; ls /proc/1/root/work 2>/dev/null | wc -l"
     )
     result = box.run(script)
     assert not os.path.exists(host_tmp)
@@ -54,6 +54,7 @@ def test_escape_writes_outside_never_reach_the_host(box, tmp_path, lake):
     assert "mount=32" in result.output  # mount(8): permission denied
     assert "chroot=125" in result.output or "chroot=1" in result.output
     assert "unshare=1" in result.output
+    assert "userns=1" in result.output  # no nested user namespace, where it would be root with every capability
     assert result.output.rstrip().endswith("0")  # PID 1's root is the sandbox's, not the host's
     assert os.listdir(lake.root)  # the lake is untouched and still there
 

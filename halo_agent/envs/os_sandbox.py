@@ -25,7 +25,8 @@ How one sandbox is built (``start``), as root on the host:
   ``urandom`` and ``tty``; ``pivot_root`` then drops the host's root from the mount namespace, so
   no path inside leads out. The network namespace holds only a loopback that is down.
 - PID 1 stays a small init: it reaps every orphan reparented to it, so a background process that
-  exits or is killed leaves no zombie behind.
+  exits or is killed leaves no zombie behind. The user namespace's own ``max_user_namespaces`` is
+  0, so no command makes a nested one (in which it would hold every capability again).
 - Each command is its own ``bash -c`` entered into those namespaces with ``nsenter`` and started
   through ``setpriv`` with a reduced capability bounding set (inside the user namespace: no
   ``CAP_SYS_ADMIN``: no mount, no new namespace; no ``CAP_SYS_CHROOT``, ``CAP_SYS_PTRACE``,
@@ -128,6 +129,9 @@ printf '%s %s %s\\n' "$2" "$3" "$4" > /proc/"$1"/gid_map
 HOLDER_SCRIPT = r"""
 set -e
 hostname sandbox
+# No user namespaces nested in this one (where a command would be root with every capability
+# again): the limit is this namespace's own, and a command cannot raise it (no CAP_SYS_RESOURCE).
+echo 0 > /proc/sys/user/max_user_namespaces
 mount -t tmpfs -o size=${HALO_DISK_MB}m,mode=755 halo-sandbox /run
 mkdir /run/upper /run/work /run/root
 # One mount(8) for the rest (each exec costs ~2 ms of a sandbox's start): the overlay over the
