@@ -255,12 +255,21 @@ def models_command(fetch: tuple[str, ...], as_json: bool) -> None:
 @click.option("--train-steps", type=click.IntRange(min=1), default=5, show_default=True,
               help="Optimizer steps of each training job.")
 @click.option("--jobs", default="bc,dpo,grpo", show_default=True, help="Training jobs to run.")
+@click.option("--model", default=None, help="A real model instead (a known name, see `halo-train models`, or a folder): "
+              "its zero-shot rollouts, BC on its successes, the adapter on held-out seeds beside zero-shot and random.")
+@click.option("--task-seeds", type=click.IntRange(min=1), default=None, help="With --model: train task seeds per task (default 4).")
+@click.option("--eval-seeds", type=click.IntRange(min=1), default=None, help="With --model: held-out task seeds per task (default 4).")
 @click.pass_context
 @run_cli
-def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: str, **options: Any) -> None:
+def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: str, model: str | None, task_seeds: int | None,
+               eval_seeds: int | None, **options: Any) -> None:
     """The main job, offline: MiniWoB++ rollouts -> lake -> views -> a short training run -> a summary."""
     from halo_train.quickstart import DEFAULT_TASKS, QuickstartConfig, run_quickstart
 
+    if model is not None:
+        return _model_quickstart(ctx, model, lake_path, task_list, task_seeds, eval_seeds, options)
+    if task_seeds is not None or eval_seeds is not None:
+        fail("--task-seeds and --eval-seeds go with --model")
     job_names = tuple(j.strip() for j in jobs.split(",") if j.strip())
     unknown = [j for j in job_names if j not in ("bc", "dpo", "grpo")]
     if unknown:
@@ -272,6 +281,26 @@ def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: 
     tasks = tuple(t.strip() for t in (task_list or "").split(",") if t.strip()) or DEFAULT_TASKS
     cfg = QuickstartConfig(lake=lake_path, tasks=tasks, jobs=job_names, **options)
     run_quickstart(cfg, echo=click.echo)
+
+
+def _model_quickstart(ctx: click.Context, model: str, lake_path: str, task_list: str | None, task_seeds: int | None,
+                      eval_seeds: int | None, options: dict[str, Any]) -> None:
+    """``quickstart --model``: the options given on the command line; the real model's own defaults for the rest."""
+    from halo_train.quickstart_model import ModelQuickstartConfig, run_model_quickstart
+
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    for name in ("warmup_steps", "jobs"):
+        if name in given:
+            fail(f"--{name.replace('_', '-')} belongs to the tiny model's quickstart: with --model it trains BC on the model's successes")
+    chosen = {k: v for k, v in options.items() if k in given}
+    if task_list:
+        chosen["tasks"] = tuple(t.strip() for t in task_list.split(",") if t.strip())
+    chosen.update({k: v for k, v in (("task_seeds", task_seeds), ("eval_seeds", eval_seeds)) if v is not None})
+    verbose = bool(ctx.find_root().params.get("verbose"))
+    _setup_logging(logging.DEBUG if verbose else logging.WARNING)
+    if not verbose:
+        _quiet_libraries()
+    run_model_quickstart(ModelQuickstartConfig(model=model, lake=lake_path, **chosen), echo=click.echo)
 
 
 def _loop_command(name: str, config_cls: type, run: Callable[..., Any], help_text: str) -> click.Command:

@@ -58,3 +58,35 @@ def test_quickstart_fills_the_lake_and_trains_every_job(tmp_path, capfd):
     again = run_quickstart(QuickstartConfig(**{**cfg.__dict__, "jobs": ()}), echo=lines.append)
     assert again.rollout["episodes_written"] == 0
     assert again.views["episodes"] == 9
+
+
+def test_quickstart_with_a_model_trains_on_its_successes_and_evaluates_beside_zero_shot_and_random(tmp_path, tiny_lora_models):
+    # `--model smollm2-135m-instruct` runs this with the real model (minutes); a tiny model folder runs the same path.
+    from halo_data.lake import Lake
+    from halo_train.quickstart_model import ModelQuickstartConfig, run_model_quickstart
+
+    base_dir, _ = tiny_lora_models
+    lines: list[str] = []
+    cfg = ModelQuickstartConfig(model=base_dir, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
+                                tasks=("miniwob.click-test",), task_seeds=1, rollouts_per_task=4, eval_seeds=1,
+                                eval_attempts=2, max_steps=2, train_steps=1, progress=False)
+    summary = run_model_quickstart(cfg, echo=lines.append)
+
+    lake = Lake.open(cfg.lake)
+    runs = {r["run_id"]: (r["kind"], r["n"]) for r in lake.query_arrow(
+        "select run_id, any_value(kind) kind, count(*) n from episodes group by run_id").to_pylist()}
+    ok, n = summary.train_successes
+    assert n == 4 and runs[summary.runs["zero-shot"]] == ("rollout", 4)
+    assert runs[summary.runs["eval zero-shot"]] == ("eval", 2) and runs[summary.runs["eval random"]] == ("eval", 2)
+    assert (tmp_path / "out" / "engine.log").exists()
+    if ok:  # BC learned from the successful episodes only, and its adapter played the held-out seeds
+        assert summary.bc["rows"] == lake.query_arrow(
+            f"select count(*) n from bc_rows where run_id = '{summary.runs['zero-shot']}' and success", params={"top_percent": 100}
+        ).column("n")[0].as_py() > 0
+        assert runs[summary.runs["eval bc"]] == ("eval", 2)
+        assert (tmp_path / "out" / "bc" / "final" / "adapter_model.safetensors").exists()
+    else:
+        assert "skipped" in summary.bc and summary.runs["eval bc"] not in runs
+    table = lines[lines.index(next(line for line in lines if line.startswith("Summary"))) + 1:]
+    assert table[0].split() == ["task", "BC", "adapter", "zero-shot", "random"]
+    assert table[1].split()[0] == "click-test" and table[2].split()[0] == "all"

@@ -1,0 +1,188 @@
+"""The main job with a real pretrained model, by name: zero-shot rollouts → BC on its own successes → held-out eval.
+
+    halo-train quickstart --model smollm2-135m-instruct       # lake/ and out/quickstart-smollm2-135m-instruct/
+
+1. HALO's chat server serves the model (converted once into the model cache, ``halo-train models``); the model plays
+   MiniWoB++ tasks zero-shot on train task seeds, its answers constrained to the page's actions (``--policy openai
+   --policy-option constrain_actions=true --observation elements``, temperature 1), every step into the lake.
+2. BC (rejection sampling): a LoRA adapter trained on the steps of the successful episodes only (``bc_rows`` of
+   that run, ``success``).
+3. The chat server loads the adapter; the adapter, the zero-shot model and the random policy each play the same
+   held-out task seeds (a range the train seeds never reach), each an eval run in the lake.
+4. A summary: held-out success per task and policy.
+
+The default tasks are ones where the model is neither perfect nor hopeless zero-shot. Re-running resumes every run
+(nothing collected twice) and trains again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from halo_data.cli_support import script_command
+
+log = logging.getLogger(__name__)
+
+# SmolLM2-135M-Instruct, zero-shot at temperature 1 (constrained actions, elements observation): click-tab 1 in 8,
+# click-button 8 in 8, click-link 0 in 8. Tasks in between teach something in a few minutes.
+MODEL_TASKS = ("miniwob.click-tab", "miniwob.click-dialog")
+EVAL_SEED_START = 100_000  # held-out task seeds; train seeds are 0 ... task_seeds - 1
+ADAPTER_NAME = "quickstart-bc"
+
+
+@dataclasses.dataclass
+class ModelQuickstartConfig:
+    model: str = dataclasses.field(default="smollm2-135m-instruct", metadata={"help": "A known model name (halo-train models) or a model folder."})
+    lake: str = dataclasses.field(default="lake", metadata={"help": "Lake root (created if missing)."})
+    output_dir: str = dataclasses.field(default="", metadata={"help": "Where the adapter and the engine log go (out/quickstart-MODEL by default)."})
+    tasks: tuple[str, ...] = dataclasses.field(default=MODEL_TASKS, metadata={"help": "MiniWoB++ tasks."})
+    task_seeds: int = dataclasses.field(default=4, metadata={"help": "Train task seeds per task (0 ... N-1)."})
+    rollouts_per_task: int = dataclasses.field(default=4, metadata={"help": "Zero-shot attempts per task and train seed."})
+    eval_seeds: int = dataclasses.field(default=4, metadata={"help": "Held-out task seeds per task (from 100000)."})
+    eval_attempts: int = dataclasses.field(default=2, metadata={"help": "Attempts per held-out task seed and policy."})
+    max_steps: int = dataclasses.field(default=3, metadata={"help": "Steps per episode."})
+    temperature: float = dataclasses.field(default=1.0, metadata={"help": "Sampling temperature of rollouts and eval."})
+    train_steps: int = dataclasses.field(default=8, metadata={"help": "BC optimizer steps."})
+    lr: float = dataclasses.field(default=2e-4, metadata={"help": "BC learning rate."})
+    lora_r: int = dataclasses.field(default=16, metadata={"help": "LoRA rank (on q, k, v and o)."})
+    workers: int = dataclasses.field(default=1, metadata={"help": "Rollout worker processes."})
+    seed: int = dataclasses.field(default=0, metadata={"help": "Seed of sampling and training."})
+    run_id: str = dataclasses.field(default="", metadata={"help": "Prefix of the run ids (quickstart-MODEL by default)."})
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        label = Path(self.model).name
+        self.output_dir = self.output_dir or f"out/quickstart-{label}"
+        self.run_id = self.run_id or f"quickstart-{label}"
+
+
+@dataclasses.dataclass
+class ModelQuickstartSummary:
+    runs: dict[str, str]  # phase -> run id
+    success: dict[str, dict[str, tuple[int, int]]]  # policy -> task -> (successes, episodes) on held-out seeds
+    train_successes: tuple[int, int]
+    bc: dict[str, Any]
+    seconds: float
+
+
+def run_model_quickstart(cfg: ModelQuickstartConfig, echo: Callable[[str], None] = print) -> ModelQuickstartSummary:
+    from halo_agent.serving import EngineClient
+    from halo_data.lake import Lake
+    from halo_train.config import BCConfig, TrainConfigError, resolve_base_model
+    from halo_data.lake import LakeError
+    from halo_train import train_bc
+    from halo_train.online import _chat_server
+
+    t0 = time.perf_counter()
+    folder = resolve_base_model(cfg.model, TrainConfigError)  # converts a known model once, before anything starts
+    out = Path(cfg.output_dir)
+    lake = Lake.init(cfg.lake)
+    runs = {"zero-shot": f"{cfg.run_id}-zero-shot", "eval random": f"{cfg.run_id}-eval-random",
+            "eval zero-shot": f"{cfg.run_id}-eval-zero-shot", "eval bc": f"{cfg.run_id}-eval-bc"}
+    n_tasks = len(cfg.tasks)
+    echo(f"[1/3] {cfg.model} served by HALO's chat server ({folder}); zero-shot on {n_tasks} tasks x {cfg.task_seeds} "
+         f"seeds x {cfg.rollouts_per_task} attempts -> {cfg.lake}")
+    with _chat_server(folder, out / "engine.log") as url:
+        engine = EngineClient(url)
+        engine.wait_ready(timeout=600)
+        base_name = next(name for name, card in engine.models().items() if not card.get("parent"))
+        rollout = _rollout(cfg, lake, runs["zero-shot"], "openai", base_name, url, task_seed=0, task_seeds=cfg.task_seeds,
+                           attempts=cfg.rollouts_per_task, kind="rollout")
+        train_ok = _successes(lake, runs["zero-shot"])
+        ok, n = (sum(v[0] for v in train_ok.values()), sum(v[1] for v in train_ok.values()))
+        echo(f"      {ok}/{n} episodes succeeded ({_per_task(train_ok)}), {rollout.steps} steps at "
+             f"{rollout.steps_per_second:.2f} steps/s")
+
+        echo(f"[2/3] BC on the successful episodes' steps: {cfg.train_steps} steps of LoRA r {cfg.lora_r}")
+        bc_cfg = BCConfig(
+            lake=cfg.lake, base_model=folder, output_dir=str(out / "bc"), where=f"run_id = '{runs['zero-shot']}' AND success",
+            top_percent=100, max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2 * cfg.lora_r,
+            lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], seed=cfg.seed, adapter_name=ADAPTER_NAME,
+        )
+        try:
+            trained = train_bc(bc_cfg)
+        except LakeError as e:  # no success to learn from: the eval still compares zero-shot with random
+            trained, bc = None, {"skipped": str(e)}
+            echo(f"      skipped: {e}")
+        else:
+            loss = trained.metrics.get("train_loss", trained.metrics.get("loss"))
+            bc = {"run_id": trained.run_id, "rows": trained.rows, "steps": trained.global_step,
+                  "adapter": str(trained.final_adapter), "loss": None if loss is None else float(loss)}
+            echo(f"      {trained.global_step} steps on {trained.rows} rows, loss {_round(bc['loss'])} -> {trained.final_adapter}")
+
+        phases = [("eval zero-shot", "openai", None), ("eval random", "random", None)]
+        if trained is not None:
+            engine.swap_adapter(ADAPTER_NAME, str(Path(trained.final_adapter).resolve()))
+            phases.insert(0, ("eval bc", "openai", ADAPTER_NAME))
+        echo(f"[3/3] held-out task seeds {EVAL_SEED_START}...{EVAL_SEED_START + cfg.eval_seeds - 1} x "
+             f"{cfg.eval_attempts} attempts: {', '.join(p.removeprefix('eval ') for p, _, _ in phases)}")
+        for phase, policy, adapter in phases:
+            _rollout(cfg, lake, runs[phase], policy, base_name, url, task_seed=EVAL_SEED_START, task_seeds=cfg.eval_seeds,
+                     attempts=cfg.eval_attempts, kind="eval", adapter=adapter)
+    success = {phase.removeprefix("eval "): _successes(lake, runs[phase]) for phase, _, _ in phases}
+    result = ModelQuickstartSummary(runs=runs, success=success, train_successes=(ok, n), bc=bc,
+                                    seconds=time.perf_counter() - t0)
+    _print_summary(cfg, result, echo)
+    return result
+
+
+def _rollout(cfg: ModelQuickstartConfig, lake, run_id: str, policy: str, base_name: str, url: str, task_seed: int,
+             task_seeds: int, attempts: int, kind: str, adapter: str | None = None):
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_data.runs import existing_run
+
+    through_engine = dict(model=base_name, adapter=adapter, policy_options={"base_url": url, "constrain_actions": True}) \
+        if policy == "openai" else {}
+    return run_rollouts(RolloutConfig(
+        env="miniwob", tasks=list(cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
+        temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=task_seeds,
+        observation="elements", max_steps=cfg.max_steps, workers=cfg.workers, lake=cfg.lake, run_id=run_id,
+        resume=existing_run(lake, run_id) is not None, kind=kind, progress=cfg.progress,
+        command="halo-train quickstart --model",
+    ))
+
+
+def _successes(lake, run_id: str) -> dict[str, tuple[int, int]]:
+    rows = lake.query_arrow(
+        f"select task_id, count(*) filter (where success) ok, count(*) n from episodes where run_id = '{run_id}' "
+        "group by task_id order by task_id"
+    ).to_pylist()
+    return {r["task_id"]: (int(r["ok"]), int(r["n"])) for r in rows}
+
+
+def _per_task(success: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{task.removeprefix('miniwob.')} {ok}/{n}" for task, (ok, n) in success.items())
+
+
+def _round(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _print_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary, echo: Callable[[str], None]) -> None:
+    tasks = sorted({t for by_task in s.success.values() for t in by_task})
+    width = max(len(t.removeprefix("miniwob.")) for t in tasks) if tasks else 4
+    echo("")
+    echo(f"Summary: held-out success of {cfg.model} (temperature {cfg.temperature:g}, at most {cfg.max_steps} steps)")
+    echo(f"  {'task':<{width}}  {'BC adapter':>10}  {'zero-shot':>10}  {'random':>10}")
+    for task in [*tasks, "all"]:
+        cells = []
+        for policy in ("bc", "zero-shot", "random"):
+            by_task = s.success.get(policy, {})
+            ok, n = by_task.get(task, (0, 0)) if task != "all" else (sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values()))
+            cells.append(f"{ok}/{n}")
+        echo(f"  {task.removeprefix('miniwob.'):<{width}}  {cells[0]:>10}  {cells[1]:>10}  {cells[2]:>10}")
+    if "skipped" in s.bc:
+        echo(f"  BC                   skipped: {s.bc['skipped']}")
+    else:
+        echo(f"  BC                   {s.bc['steps']} steps on {s.bc['rows']} rows of the {s.train_successes[0]}/"
+             f"{s.train_successes[1]} successful zero-shot episodes, run {s.bc['run_id']}, adapter {s.bc['adapter']}")
+    echo(f"  took                 {s.seconds:.0f} s")
+    echo("")
+    echo("Next:")
+    runs = ", ".join(f"'{r}'" for phase, r in s.runs.items() if phase == "zero-shot" or phase.removeprefix("eval ") in s.success)
+    echo("  " + script_command("halo-data", f"select run_id, task_id, count(*) episodes, avg(success::int) success_rate "
+                               f"from episodes where run_id in ({runs}) group by all order by all", "--lake", cfg.lake))
