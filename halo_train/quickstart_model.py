@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 MODEL_TASKS = ("miniwob.click-tab", "miniwob.click-dialog")
 EVAL_SEED_START = 100_000  # held-out task seeds; train seeds are 0 ... task_seeds - 1
 ADAPTER_NAME = "quickstart-bc"
+REQUEST_TIMEOUT_S = 900.0
 
 
 @dataclasses.dataclass
@@ -135,15 +136,19 @@ def _rollout(cfg: ModelQuickstartConfig, lake, run_id: str, policy: str, base_na
     from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_data.runs import existing_run
 
-    through_engine = dict(model=base_name, adapter=adapter, policy_options={"base_url": url, "constrain_actions": True}) \
-        if policy == "openai" else {}
-    return run_rollouts(RolloutConfig(
+    # A loaded CPU answers slowly: wait for it rather than time out and send the same request again behind it.
+    options = {"base_url": url, "constrain_actions": True, "timeout_s": REQUEST_TIMEOUT_S}
+    through_engine = dict(model=base_name, adapter=adapter, policy_options=options) if policy == "openai" else {}
+    summary = run_rollouts(RolloutConfig(
         env="miniwob", tasks=list(cfg.tasks), rollouts_per_task=attempts, policy=policy, **through_engine,
         temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=task_seeds,
         observation="elements", max_steps=cfg.max_steps, workers=cfg.workers, lake=cfg.lake, run_id=run_id,
         resume=existing_run(lake, run_id) is not None, kind=kind, progress=cfg.progress,
         command="halo-train quickstart --model",
     ))
+    if summary.status == "interrupted":  # Ctrl-C or SIGTERM: what finished is in the lake; a re-run resumes it
+        raise KeyboardInterrupt
+    return summary
 
 
 def _successes(lake, run_id: str) -> dict[str, tuple[int, int]]:
