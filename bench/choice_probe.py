@@ -23,7 +23,7 @@ training the raw sequence does.
 What it separates: an online loop that stays at chance on which choice is right either cannot deliver the signal
 (too few distinct states per update, too few steps) or the model cannot learn the match at all. This trains on the
 same states with every right answer given and batches drawn from all of them; if it learns and the loop does not,
-the loop's data flow is what to change (bench/README.md, "What click-button's plateau is").
+the loop's data flow is what to change (docs/notes/online-grpo-runs-2.md, "What click-button's plateau is").
 
 The figures are printed and written to bench/results/choice-probe/<time>.json. It is a measurement, never a timed
 test.

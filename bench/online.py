@@ -27,7 +27,7 @@ Set-up (all on CPU, nothing downloaded; the defaults are issue 11's set-up):
 With ``--choice-labels`` every choice names its element first (``# 'Tab #2'`` then ``click('21')``)
 and step 2 imitates the same random steps written that way (``labelled_warm_start``). With ``--group-by state
 --cover-choices`` each visited state's group is every action the page offers, scored from the restored state
-(the last two commands above: bench/README.md's "Covered choices" and "Run I").
+(the last two commands above: the lab notes' "Covered choices" and "Run I", docs/notes/online-grpo-runs*.md).
 
 With ``--cover-choices`` each iteration's line of the curve adds the sampling version's choice among the page's
 choices (``choice_figures``). ``--wide-eval-seeds N`` measures start, random and the last version again on N
