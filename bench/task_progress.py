@@ -199,7 +199,7 @@ def report(data: dict) -> str:
                         f"with a lower share: {', '.join(parts)}")
     polls = [c["poll_ms"] for c in cost if c["poll_ms"]]
     steps = [c["env_ms"] for c in cost if c["env_ms"] is not None]
-    out = "\n".join(lines) + "\n\n" + "\n".join(verdicts)
+    out = "\n".join(lines) + "\n\n" + "\n".join(f"- {v}" for v in verdicts)
     if polls:
         q = statistics.quantiles(polls, n=10) if len(polls) >= 10 else [max(polls)] * 9
         out += (f"\n\nreading /finish: {len(polls)} reads, median {statistics.median(polls):.0f} ms, p90 {q[8]:.0f} ms per step; "
