@@ -15,6 +15,7 @@ COMMANDS = {
     "hierarchy": ("bench.hierarchy", "the verified action cache and loop recovery"),
     "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),
     "learning": ("bench.learning", "the pre-registered learning experiment (run, status, export; bench/protocols/)"),
+    "serving": ("bench.serving", "HALO's chat server on constrained rollouts: cached scoring against the full one, steps/s"),
     "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),
 }
 

@@ -8,7 +8,8 @@ content parts, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``, and vLLM's guided
 choice: ``structured_outputs: {"choice": [...]}`` or the older ``guided_choice: [...]``),
 ``GET /v1/models`` (the base model and its LoRA adapters, which requests select
-by name, as with vLLM's ``--lora-modules``), and OpenAI-style error bodies. It
+by name, as with vLLM's ``--lora-modules``), ``GET /metrics`` (Prometheus text: requests, engine seconds,
+prompt tokens, and those the prefix cache spared a prefill), and OpenAI-style error bodies. It
 binds to 127.0.0.1 only.
 
 Adapters can be loaded and unloaded while serving with vLLM's runtime LoRA API
@@ -26,7 +27,11 @@ through its processor, as vLLM serves it, and a text model sees ``<image>`` wher
 A guided-choice request is answered with one of the choices, drawn as vLLM's structured output
 draws it: each decoding step masked to the tokens that continue an allowed choice, sampled from the
 renormalised distribution at the temperature (so only the places where the choices part decide;
-``--choice-draw sequence`` draws by whole-sequence probability instead).
+``--choice-draw sequence`` draws by whole-sequence probability instead). The prompt is prefilled once
+per request, from where it parts from a recent prompt's KV cache (``--prompt-cache-size`` prompts are kept,
+as vLLM's automatic prefix caching), and the masked draw walks the choices token by token from that cache,
+running the model only where the drawn path parts from other choices; ``--score-mode full`` scores every
+choice after the whole prompt instead, as this server did before (same draw, slower).
 
 Token-exact answers, in vLLM's shapes:
 
@@ -66,12 +71,14 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Mapping, Sequence
 
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
-from halo_agent.policies.hf_policy import CHOICE_DRAWS, LOGPROBS_MODES, AdapterNotFoundError, LocalChatModel, ModelLoadError
+from halo_agent.policies.hf_policy import (CHOICE_DRAWS, LOGPROBS_MODES, SCORE_MODES, AdapterNotFoundError, LocalChatModel,
+                                          ModelLoadError)
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +201,8 @@ class ChatCompletionServer(LocalHTTPServer):
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.received: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self.counters = collections.Counter()  # what GET /metrics reports
+        self._counters_lock = threading.Lock()
         self.thread_name = "chat-server"
         super().__init__(self._handler(), port=port)
 
@@ -282,6 +291,7 @@ class ChatCompletionServer(LocalHTTPServer):
             # and its logprobs would not be the trainer's, so the request is refused rather than answered wrongly.
             raise RequestError("a guided choice with image inputs is not supported by this server: send the request "
                                "without structured_outputs, or serve the model with vLLM", param="structured_outputs")
+        started = time.perf_counter()
         if choices is not None:
             batch = self.engine.choose(body["messages"], choices, n=n, temperature=temperature, seed=seed, adapter=adapter,
                                        top_logprobs=top_logprobs)
@@ -290,6 +300,11 @@ class ChatCompletionServer(LocalHTTPServer):
                 body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
                 seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
             )
+        seconds = time.perf_counter() - started
+        received["engine_seconds"] = round(seconds, 4)
+        with self._counters_lock:
+            self.counters.update({"requests": 1, "guided_choice_requests": int(choices is not None),
+                                  "prompt_tokens": batch.prompt_tokens, "engine_seconds": seconds})
         answer_choices = []
         for i, g in enumerate(batch.generations):
             choice = {"index": i, "message": {"role": "assistant", "content": g.text, "refusal": None},
@@ -318,6 +333,20 @@ class ChatCompletionServer(LocalHTTPServer):
         if return_token_ids:
             answer["prompt_token_ids"] = batch.prompt_token_ids
         return answer
+
+    def metrics(self) -> str:
+        """Prometheus text, as vLLM's ``/metrics`` (under HALO's names): requests answered, the seconds the engine
+        spent on them, prompt tokens asked for, and how many of those the prefix cache spared a prefill."""
+        cache = self.engine.prompt_cache
+        values = {
+            "halo_chat_requests_total": self.counters["requests"],
+            "halo_chat_guided_choice_requests_total": self.counters["guided_choice_requests"],
+            "halo_chat_engine_seconds_total": round(self.counters["engine_seconds"], 6),
+            "halo_chat_prompt_tokens_total": self.counters["prompt_tokens"],
+            "halo_chat_prefill_tokens_total": cache.tokens_prefilled,
+            "halo_chat_prefix_cache_hit_tokens_total": cache.tokens_reused,
+        }
+        return "".join(f"{name} {value}\n" for name, value in values.items())
 
     def _token(self, token_id: int, as_token_id: bool) -> tuple[str, list[int]]:
         """A token as the answer names it (its text, or vLLM's ``token_id:N``), and its decoded text's bytes."""
@@ -374,6 +403,8 @@ class ChatCompletionServer(LocalHTTPServer):
                     return self._error(RequestError("invalid API key", 401, "authentication_error"))
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
                     return self._send(200, server.models())
+                if self.path.rstrip("/") == "/metrics":
+                    return self._send(200, server.metrics())
                 if self.path.rstrip("/") in ("/health", "/v1/health"):
                     return self._send(200, {"status": "ok"})
                 self._error(RequestError(f"no route {self.path}", 404, "not_found_error"))
@@ -420,11 +451,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                         help="the logprobs answered, as vLLM's flag: processed_logprobs (of the distribution each token was "
                              "drawn from: temperature, top-p, a guided choice's mask) | raw_logprobs (the model's log-softmax)")
+    parser.add_argument("--score-mode", choices=SCORE_MODES, default="cached",
+                        help="how a guided choice is scored: cached (the prompt prefilled once, reusing a recent prompt's "
+                             "prefix, and the masked draw walking only the drawn path) | full (every choice after the whole "
+                             "prompt, each request afresh: this server's scoring before 2026-11-27)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch's threads for one forward (default: torch's, one per core)")
+    parser.add_argument("--prompt-cache-size", type=int, default=8, metavar="N", help="prompts whose KV caches are kept")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # OpenMP threads that spin while they wait stall one another when the cores are shared (a browser, other jobs):
+    # a 170-token prefill on 2 threads took 25-34 s spinning against 1.5-3.5 s waiting passively (load 25 on
+    # 2 cores). Read when torch loads, so set before it does; an OMP_WAIT_POLICY already set is kept.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
     adapters = {}
     for item in args.lora_modules:
         name, sep, path = item.partition("=")
@@ -435,7 +481,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def build() -> ChatCompletionServer:
         engine = LocalChatModel(args.model, adapters=adapters, device=args.device, choice_draw=args.choice_draw,
-                                logprobs_mode=args.logprobs_mode)
+                                logprobs_mode=args.logprobs_mode, score_mode=args.score_mode,
+                                prompt_cache_size=args.prompt_cache_size)
+        import torch
+
+        log.info("scoring guided choices %s; %d torch threads, OMP_WAIT_POLICY=%s", args.score_mode,
+                 torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"))
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,

@@ -149,3 +149,80 @@ def test_prompt_logprobs_follow_vllm(server, engine):
         assert {v["rank"] for v in entry.values()} >= {1, 2} and 2 <= len(entry) <= 3
         assert all(v["logprob"] <= 0 and not math.isinf(v["logprob"]) for v in entry.values())
     assert "prompt_logprobs" not in post(server, temperature=0, max_tokens=1)
+
+
+def test_the_cached_walk_answers_as_scoring_every_choice_after_the_whole_prompt(tiny_lora_models, engine):
+    base, adapters = tiny_lora_models
+    full = LocalChatModel(base, device="cpu", score_mode="full")
+    completions, raw = raw_choice_logprobs(engine, CHOICES)
+    masked = [math.exp(x) for x in masked_choice_logprobs(completions, raw, 1.0)]
+    for mode in ("processed_logprobs", "raw_logprobs"):
+        engine.logprobs_mode = full.logprobs_mode = mode
+        try:
+            cached_batch = engine.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=2, top_logprobs=5)
+            full_batch = full.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=2, top_logprobs=5)
+        finally:
+            engine.logprobs_mode = full.logprobs_mode = "processed_logprobs"
+        by_choice = {g.text: g for g in full_batch.generations}
+        for g in cached_batch.generations:
+            if g.text in by_choice:  # the same choice drawn by both: the same tokens, logprobs and allowed tokens
+                other = by_choice[g.text]
+                assert g.token_ids == other.token_ids and g.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+                assert [[t for t, _ in row] for row in g.top_logprobs] == [[t for t, _ in row] for row in other.top_logprobs]
+    assert engine.choose(MESSAGES, CHOICES, temperature=0).generations[0].text == full.choose(MESSAGES, CHOICES, temperature=0).generations[0].text
+    # The same distribution over the choices: 400 draws of the walk against the masked probabilities.
+    drawn = [g.text for seed in range(25) for g in engine.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=seed).generations]
+    for choice, p in zip(CHOICES, masked):
+        assert drawn.count(choice) / len(drawn) == pytest.approx(p, abs=0.07)
+    # The whole-sequence draw scores every choice from the cache as the full scoring does.
+    sequence = LocalChatModel(base, device="cpu", choice_draw="sequence")
+    answer = sequence.choose(MESSAGES, CHOICES, n=4, temperature=1.0, seed=0, top_logprobs=2)
+    for g in answer.generations:
+        assert g.logprobs == pytest.approx(sequence_token_logprobs(completions, raw, 1.0)[CHOICES.index(g.text)], abs=1e-5)
+
+
+def test_a_prompt_sharing_a_prefix_with_a_recent_one_is_prefilled_from_where_they_part(tiny_lora_models):
+    base, adapters = tiny_lora_models
+    engine = LocalChatModel(base, device="cpu")
+    later = [MESSAGES[0], {"role": "assistant", "content": "click('12')"}, {"role": "user", "content": "Next action:"}]
+    engine.choose(MESSAGES, CHOICES, temperature=1.0, seed=0)
+    cache = engine.prompt_cache
+    assert (cache.hits, cache.tokens_reused) == (0, 0)
+    engine.choose(MESSAGES, CHOICES, temperature=1.0, seed=1)
+    assert cache.hits == 1
+    prefilled = cache.tokens_prefilled
+    reused = engine.choose(later, CHOICES, n=8, temperature=1.0, seed=3, top_logprobs=1)
+    prompt_ids = engine.chat_prompt(later)[0]
+    assert 0 < cache.tokens_reused and cache.tokens_prefilled - prefilled < len(prompt_ids)
+    fresh = LocalChatModel(base, device="cpu", score_mode="full").choose(later, CHOICES, n=8, temperature=1.0, seed=3)
+    raw_by_choice = {g.text: g.logprobs for g in fresh.generations}
+    for g in reused.generations:
+        if g.text in raw_by_choice:
+            assert g.logprobs == pytest.approx(raw_by_choice[g.text], abs=1e-5)
+    # An adapter loaded under a name changes what the name serves: the caches are dropped.
+    engine.load_adapter("policy-1", adapters["policy-1"])
+    assert len(engine.prompt_cache) == 0
+    with_adapter = engine.choose(MESSAGES, CHOICES, n=4, temperature=1.0, seed=0, adapter="policy-1")
+    reference = LocalChatModel(base, adapters={"policy-1": adapters["policy-1"]}, device="cpu", score_mode="full")
+    expected = {g.text: g.logprobs for g in reference.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=0, adapter="policy-1").generations}
+    for g in with_adapter.generations:
+        if g.text in expected:
+            assert g.logprobs == pytest.approx(expected[g.text], abs=1e-5)
+
+
+def test_metrics_count_requests_and_the_prompt_tokens_the_cache_spared(server, engine):
+    def metrics() -> dict[str, float]:
+        with urllib.request.urlopen(server.url.rsplit("/v1", 1)[0] + "/metrics", timeout=30) as r:
+            return {name: float(value) for name, value in (line.split() for line in r.read().decode().splitlines())}
+
+    before = metrics()
+    for seed in range(2):
+        post(server, temperature=1.0, seed=seed, structured_outputs={"choice": CHOICES})
+    after = metrics()
+    prompt = len(engine.chat_prompt(MESSAGES)[0])
+    assert after["halo_chat_requests_total"] - before["halo_chat_requests_total"] == 2
+    assert after["halo_chat_guided_choice_requests_total"] - before["halo_chat_guided_choice_requests_total"] == 2
+    assert after["halo_chat_prompt_tokens_total"] - before["halo_chat_prompt_tokens_total"] == 2 * prompt
+    # The second request's prompt is the first's: none of it is prefilled again.
+    assert after["halo_chat_prefix_cache_hit_tokens_total"] - before["halo_chat_prefix_cache_hit_tokens_total"] >= prompt
+    assert after["halo_chat_engine_seconds_total"] > before["halo_chat_engine_seconds_total"]

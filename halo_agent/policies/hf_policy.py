@@ -33,6 +33,7 @@ from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
 from halo_agent.policies.guided_choice import (greedy_masked_choice, masked_choice_logprobs, masked_token_logprobs,
                                                sequence_token_logprobs)
+from halo_agent.policies.prefix_cache import ChoiceWalk, PromptCache, score_choices
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ def resolve_device(device: str | None) -> str:
 
 
 CHOICE_DRAWS = ("token", "sequence")
+# How a guided choice is scored: cached (the prompt prefilled once, with a prefix cache across requests, and the
+# masked draw walking the choices token by token from it) | full (every choice scored after the whole prompt).
+SCORE_MODES = ("cached", "full")
 
 
 class LocalChatModel:
@@ -130,6 +134,8 @@ class LocalChatModel:
         dtype: str | None = None,
         choice_draw: str = "token",
         logprobs_mode: str = "processed_logprobs",
+        score_mode: str = "cached",
+        prompt_cache_size: int = 8,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,6 +148,10 @@ class LocalChatModel:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
+        if score_mode not in SCORE_MODES:
+            raise ValueError(f"score_mode must be one of {', '.join(SCORE_MODES)}, got {score_mode!r}")
+        self.score_mode = score_mode
+        self.prompt_cache = PromptCache(prompt_cache_size)
         try:
             self.model_path = resolve_model(model_path)  # a known model's name → its converted folder
         except ModelResolveError as e:
@@ -200,6 +210,7 @@ class LocalChatModel:
                 raise ModelLoadError(f"cannot load adapter {name!r} from {path}: {_first_line(e)}") from e
             self.model.eval()
             self.adapter_names.append(name)
+            self.prompt_cache.clear()  # its caches were computed by other weights under some name
             self.adapter_paths[name] = path
 
     def unload_adapter(self, name: str) -> None:
@@ -208,6 +219,7 @@ class LocalChatModel:
             if name not in self.adapter_names:
                 raise KeyError(name)
             self.adapter_names.remove(name)
+            self.prompt_cache.clear()
             del self.adapter_paths[name]
             if self.adapter_names:
                 # peft cannot delete the active adapter's weights while it is active: activate another first.
@@ -272,7 +284,7 @@ class LocalChatModel:
             output_logits=True,
             output_scores=True,
             return_dict_in_generate=True,
-            pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0],
+            pad_token_id=self._pad_id(),
             eos_token_id=self.eos_token_ids or None,
         )
         if do_sample:
@@ -377,6 +389,12 @@ class LocalChatModel:
         draw (:func:`masked_token_logprobs` or :func:`sequence_token_logprobs`; at temperature 0 those at
         temperature 1), under ``raw_logprobs`` the model's raw distribution. ``top_logprobs`` lists the tokens
         allowed at each position, most likely first.
+
+        ``score_mode="cached"`` (the default) prefills the prompt once, reusing the longest prefix it shares with
+        a recent prompt (:class:`PromptCache`), and the masked draw walks the choices token by token from that
+        cache, computing the model's distribution only where the drawn path parts from other choices
+        (:class:`ChoiceWalk`): the same distribution over choices, at the cost of one path, not every choice.
+        ``score_mode="full"`` scores every choice after the whole prompt, each request afresh.
         """
         import torch
 
@@ -385,11 +403,30 @@ class LocalChatModel:
         prompt_ids, _ = self.chat_prompt(messages)
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
         completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
+        generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
+        reported_temperature = float(temperature) if temperature > 0 else 1.0
+        cached = self.score_mode == "cached" and self.processor is None
         with self._lock:
             self._check_adapter(adapter)
             with torch.inference_mode(), self._adapter_context(adapter):
-                token_logprobs = self._score(prompt_ids, completions)
-        generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+                if cached:
+                    root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
+                if cached and self.choice_draw == "token":
+                    walk = ChoiceWalk(self.model, root, completions)
+                    if temperature > 0:
+                        picks = [walk.draw(float(temperature), generator) for _ in range(int(n))]
+                    else:
+                        picks = [walk.draw(0.0)] * int(n)
+                    along = {i: walk.token_logprobs(i, reported_temperature, raw=self.logprobs_mode == "raw_logprobs")
+                             for i in set(picks)}
+                    generations = [self._generation(choices[i], completions[i], along[i][0], "stop",
+                                                    _top_of(along[i][1], top_logprobs), draw) for i in picks]
+                    return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
+                if cached:
+                    token_logprobs = score_choices(self.model, root, completions, self._pad_id())
+                else:
+                    token_logprobs = self._score(prompt_ids, completions)
         if temperature > 0:
             if self.choice_draw == "token":
                 scores = masked_choice_logprobs(completions, token_logprobs, float(temperature))
@@ -401,8 +438,7 @@ class LocalChatModel:
             picks = [greedy_masked_choice(completions, token_logprobs)] * int(n)
         else:
             picks = [max(range(len(choices)), key=lambda i: sum(token_logprobs[i]))] * int(n)
-        draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
-        reported = self._choice_logprobs(completions, token_logprobs, float(temperature) if temperature > 0 else 1.0)
+        reported = self._choice_logprobs(completions, token_logprobs, reported_temperature)
         generations = [
             self._generation(choices[i], completions[i], reported[i], "stop",
                              _allowed_top_logprobs(completions, reported, i, top_logprobs), draw)
@@ -423,7 +459,7 @@ class LocalChatModel:
         import torch
 
         out: list[list[float]] = []
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        pad = self._pad_id()
         for start in range(0, len(completions), batch):
             chunk = completions[start:start + batch]
             width = len(prompt_ids) + max(len(c) for c in chunk)
@@ -435,6 +471,9 @@ class LocalChatModel:
             for i, c in enumerate(chunk):
                 out.append([float(logps[i, j, t]) for j, t in enumerate(c)])
         return out
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
 
     def _adapter_context(self, adapter: str | None):
         import contextlib
@@ -550,6 +589,13 @@ def _top_logprobs(logprobs: Any, top: int) -> list[list[tuple[int, float]]] | No
     return [list(zip(map(int, ids), map(float, vals))) for vals, ids in zip(values.tolist(), indices.tolist())]
 
 
+def _top_of(allowed: list[dict[int, float]], top: int) -> list[list[tuple[int, float]]] | None:
+    """The ``top`` most likely of each position's allowed tokens."""
+    if top <= 0:
+        return None
+    return [sorted(at.items(), key=lambda item: -item[1])[:top] for at in allowed]
+
+
 def _allowed_top_logprobs(completions: list[list[int]], logprobs: list[list[float]], pick: int, top: int) -> list[list[tuple[int, float]]] | None:
     """For the choice ``pick``: at each of its positions, the ``top`` allowed tokens there with their logprobs."""
     if top <= 0:
@@ -559,7 +605,7 @@ def _allowed_top_logprobs(completions: list[list[int]], logprobs: list[list[floa
         for j, (token, value) in enumerate(zip(tokens, values)):
             at.setdefault(tuple(tokens[:j]), {})[token] = value
     chosen = completions[pick]
-    return [sorted(at[tuple(chosen[:j])].items(), key=lambda item: -item[1])[:top] for j in range(len(chosen))]
+    return _top_of([at[tuple(chosen[:j])] for j in range(len(chosen))], top)
 
 
 def _step_seed(seed: int, step_idx: int) -> int:

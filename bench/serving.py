@@ -1,0 +1,139 @@
+"""HALO's chat server serving constrained rollouts: the scoring before (``--score-mode full``) against the
+cached one, side by side, in steps per second.
+
+    .venv/bin/python -m bench serving                     # SmolLM2-135M-Instruct, click-button/tab/link, ~10 min on 2 cores
+    .venv/bin/python -m bench serving --tasks click-button --task-seeds 1 --rollouts-per-task 1   # a quick look
+
+Both servers run the same model (``python -m halo_agent.chat_server --score-mode full|cached``); each task's
+rollouts (``halo-agent rollout --policy openai --policy-option constrain_actions=true --observation elements``,
+the same task seeds, attempts and policy seed) run against one server, then the other, the order swapped from
+task to task, so load on the machine falls on both arms alike. Per arm: steps / the rollouts' wall seconds,
+and where a step's time goes: the server's engine seconds (its ``/metrics``), the rest (the browser, the
+policy client, the lake). The result is written to ``bench/results/serving/<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("full", "cached")
+
+
+def start_server(model: str, score_mode: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "halo_agent.chat_server", "--model", model, "--served-model-name", "policy",
+               "--port", "0", "--score-mode", score_mode, "--parent-pid", str(os.getpid())]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    line = proc.stdout.readline()
+    if " at " not in line:
+        proc.kill()
+        raise SystemExit(f"Error: the {score_mode} chat server did not start; see {log_path}")
+    return proc, line.split(" at ", 1)[1].split()[0]
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url.rsplit("/v1", 1)[0] + "/metrics", timeout=30) as r:
+        return {name: float(value) for name, value in (line.split() for line in r.read().decode().splitlines() if line)}
+
+
+def rollout(args: argparse.Namespace, task: str, url: str, lake: Path, run_id: str) -> tuple[dict, list[str]]:
+    command = [str(ROOT / ".venv" / "bin" / "halo-agent"), "rollout", "--env", "miniwob", "--tasks", task,
+               "--task-seed", str(args.task_seed), "--task-seeds", str(args.task_seeds),
+               "--rollouts-per-task", str(args.rollouts_per_task), "--max-steps", str(args.max_steps),
+               "--temperature", str(args.temperature), "--seed", str(args.seed), "--policy", "openai", "--model", "policy",
+               "--policy-option", "constrain_actions=true", "--observation", "elements",
+               "--lake", str(lake), "--run-id", run_id, "--json", "--no-progress"]
+    env = {**os.environ, "HALO_VLLM_URL": url, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"Error: rollout of {task} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), command
+
+
+def client_latency_ms(lake: Path, run_id: str) -> float:
+    from halo_data.lake import Lake
+
+    rows = Lake.open(str(lake)).query_arrow(f"select avg(latency_ms) ms from steps where run_id = '{run_id}'").to_pylist()
+    return float(rows[0]["ms"] or 0.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or known name")
+    parser.add_argument("--tasks", default="click-button,click-tab,click-link")
+    parser.add_argument("--task-seed", type=int, default=200000)
+    parser.add_argument("--task-seeds", type=int, default=2)
+    parser.add_argument("--rollouts-per-task", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-save", action="store_true", help="print only; write no results file")
+    args = parser.parse_args(argv)
+    argv = sys.argv[2:] if argv is None else argv
+
+    work = Path(tempfile.mkdtemp(prefix="halo-bench-serving-"))
+    servers = {arm: start_server(args.model, arm, work / f"server-{arm}.log") for arm in ARMS}
+    rows = []
+    try:
+        for k, task in enumerate(args.tasks.split(",")):
+            for arm in (ARMS if k % 2 == 0 else ARMS[::-1]):
+                _, url = servers[arm]
+                before, load_before = metrics(url), os.getloadavg()[0]
+                summary, command = rollout(args, task, url, work / f"lake-{arm}", f"{arm}-{task}")
+                after = metrics(url)
+                engine = {name: after[name] - before.get(name, 0.0) for name in after}
+                rows.append({
+                    "arm": arm, "task": task, "steps": summary["steps"], "successes": summary["successes"],
+                    "episodes": summary["episodes_written"], "wall_seconds": summary["wall_seconds"],
+                    "steps_per_second": summary["steps"] / summary["wall_seconds"],
+                    "engine_seconds": engine["halo_chat_engine_seconds_total"],
+                    "requests": int(engine["halo_chat_requests_total"]),
+                    "prompt_tokens": int(engine["halo_chat_prompt_tokens_total"]),
+                    "prefill_tokens": int(engine["halo_chat_prefill_tokens_total"]),
+                    "prefix_cache_hit_tokens": int(engine["halo_chat_prefix_cache_hit_tokens_total"]),
+                    "client_latency_ms": client_latency_ms(work / f"lake-{arm}", f"{arm}-{task}"),
+                    "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+                    "rollout_command": shlex.join(command[1:]).replace(str(work), "$WORK"),
+                })
+                r = rows[-1]
+                print(f"{arm:>6} {task:<12} {r['steps']:>3} steps {r['wall_seconds']:7.1f} s {r['steps_per_second']:5.2f} steps/s "
+                      f"engine {r['engine_seconds'] / max(r['steps'], 1):5.2f} s/step  load {r['load_average']}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    arms = {}
+    for arm in ARMS:
+        mine = [r for r in rows if r["arm"] == arm]
+        steps, wall = sum(r["steps"] for r in mine), sum(r["wall_seconds"] for r in mine)
+        engine = sum(r["engine_seconds"] for r in mine)
+        arms[arm] = {"steps": steps, "wall_seconds": round(wall, 2), "steps_per_second": steps / wall,
+                     "successes": sum(r["successes"] for r in mine), "episodes": sum(r["episodes"] for r in mine),
+                     "engine_seconds_per_step": engine / steps, "other_seconds_per_step": (wall - engine) / steps,
+                     "prompt_tokens": sum(r["prompt_tokens"] for r in mine), "prefill_tokens": sum(r["prefill_tokens"] for r in mine),
+                     "prefix_cache_hit_tokens": sum(r["prefix_cache_hit_tokens"] for r in mine)}
+    ratio = arms["cached"]["steps_per_second"] / arms["full"]["steps_per_second"]
+    for arm, a in arms.items():
+        print(f"{arm:>6}: {a['steps']} steps in {a['wall_seconds']:.1f} s = {a['steps_per_second']:.2f} steps/s; per step "
+              f"{a['engine_seconds_per_step']:.2f} s in the engine, {a['other_seconds_per_step']:.2f} s elsewhere; "
+              f"{a['successes']}/{a['episodes']} solved")
+    print(f"cached / full: {ratio:.2f}x (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    if args.no_save:
+        return
+    from bench.reports import save
+
+    out = save("serving", {"model": args.model, "arms": arms, "ratio": ratio, "rows": rows}, argv)
+    print(f"wrote {out.relative_to(ROOT)}")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Prefill a prompt once and answer a guided choice from its KV cache.
+
+``PromptCache`` keeps the KV caches of recent prompts (a small LRU per adapter): a prompt that begins as one
+seen before (the same system prompt and instructions; the first step of every attempt at one task seed) is
+prefilled only from where the two part, as vLLM's automatic prefix caching does.
+
+``ChoiceWalk`` draws a guided choice as vLLM's grammar masks it, token by token, continuing from the prompt's
+cache: where the choices part it needs the model's distribution there, which one forward of the tokens since
+the last place computed gives; a forced token needs nothing. So a draw costs the prompt's (cached) prefill and
+a forward of the drawn path, not one of every choice. ``score_choices`` scores every choice's tokens as one
+batch continuing from the cache (the whole-sequence draw needs them all).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Sequence
+
+from halo_agent.policies.guided_choice import Prefix, allowed_tokens, log_normaliser
+
+
+@dataclasses.dataclass
+class Prefilled:
+    """A prompt's KV cache, one (keys, values) pair a layer of shape (1, heads, tokens, dim), and the model's
+    log-probabilities for the token after it."""
+
+    ids: tuple[int, ...]
+    layers: list[tuple[Any, Any]]
+    next_logprobs: Any  # (vocab,) float32
+
+    def cache(self, length: int | None = None, batch: int = 1) -> Any:
+        """A new ``DynamicCache`` holding the first ``length`` tokens (default: all), repeated ``batch`` times.
+        The model appends to it without touching these tensors (it concatenates)."""
+        from transformers import DynamicCache
+
+        length = len(self.ids) if length is None else length
+        return DynamicCache([(k[:, :, :length].expand(batch, -1, -1, -1), v[:, :, :length].expand(batch, -1, -1, -1))
+                             for k, v in self.layers])
+
+
+def _layers(cache: Any) -> list[tuple[Any, Any]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def extend(model: Any, start: Prefilled, length: int, ids: Sequence[int], every_position: bool = True) -> tuple[Prefilled, Any]:
+    """Feed ``ids[length:]`` after the first ``length`` tokens of ``start``'s cache (``length`` < len(ids)).
+    Returns the prefilled ``ids`` and the log-probabilities after each fed token, shape (fed, vocab), or after
+    the last one only (``every_position=False``: a prompt's, whose other positions nothing reads)."""
+    import torch
+
+    fed = list(ids[length:])
+    out = model(input_ids=torch.tensor([fed], device=start.next_logprobs.device), cache=start.cache(length),
+                use_cache=True, logits_to_keep=0 if every_position else 1)
+    logprobs = out.logits[0].float().log_softmax(dim=-1)
+    return Prefilled(tuple(ids), _layers(out.cache), logprobs[-1]), logprobs
+
+
+class PromptCache:
+    """The KV caches of the last ``capacity`` prompts per adapter; ``prefill`` reuses the longest shared prefix."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[tuple[str | None, tuple[int, ...]], Prefilled] = collections.OrderedDict()
+        self.hits = self.tokens_reused = self.tokens_prefilled = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Forget every cache (the weights behind them changed: an adapter loaded or unloaded)."""
+        self._entries.clear()
+
+    def prefill(self, model: Any, prompt_ids: Sequence[int], adapter: str | None, device: str) -> Prefilled:
+        import torch
+
+        ids = tuple(int(t) for t in prompt_ids)
+        if (adapter, ids) in self._entries:
+            self._entries.move_to_end((adapter, ids))
+            self.hits += 1
+            self.tokens_reused += len(ids)
+            return self._entries[(adapter, ids)]
+        best, shared = None, 0
+        for (key, _), entry in self._entries.items():
+            if key == adapter:
+                n = _common_length(entry.ids, ids)
+                if n > shared:
+                    best, shared = entry, n
+        shared = min(shared, len(ids) - 1)  # at least one token fed: its logits are the next token's
+        if best is None or shared == 0:
+            out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
+            prefilled = Prefilled(ids, _layers(out.cache), out.logits[0, -1].float().log_softmax(dim=-1))
+            shared = 0
+        else:
+            prefilled, _ = extend(model, best, shared, ids, every_position=False)
+        self.tokens_reused += shared
+        self.tokens_prefilled += len(ids) - shared
+        self._entries[(adapter, ids)] = prefilled
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return prefilled
+
+
+class ChoiceWalk:
+    """Draws among ``completions`` (token ids, each ending in EOS) token by token under the mask, from ``root``."""
+
+    def __init__(self, model: Any, root: Prefilled, completions: Sequence[Sequence[int]]) -> None:
+        self.model, self.root = model, root
+        self.completions = [tuple(c) for c in completions]
+        self.allowed = allowed_tokens(self.completions)
+        self.index = {c: i for i, c in enumerate(self.completions)}
+        self._logprobs: dict[Prefix, Any] = {(): root.next_logprobs}  # the model's log-probs after each prefix
+        self._caches: dict[Prefix, Prefilled] = {(): root}  # where a forward ended, to continue from
+
+    def logprobs(self, prefix: Prefix) -> Any:
+        """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
+        if prefix not in self._logprobs:
+            start, shared = max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
+                                key=lambda item: item[1])
+            prompt = len(self.root.ids)
+            prefilled, rows = extend(self.model, start, prompt + shared, self.root.ids + prefix)
+            self._caches[prefix] = prefilled
+            for k in range(len(rows)):
+                self._logprobs[prefix[:shared + k + 1]] = rows[k]
+        return self._logprobs[prefix]
+
+    def draw(self, temperature: float, generator: Any = None) -> int:
+        """One choice's index: at each place where the choices part, a token from the allowed ones' renormalised
+        distribution at ``temperature`` (0: the most likely, the first listed of equals)."""
+        import torch
+
+        prefix: Prefix = ()
+        while prefix not in self.index:
+            allowed = self.allowed[prefix]
+            if len(allowed) == 1:
+                prefix += (allowed[0],)
+                continue
+            values = self.logprobs(prefix)[allowed].double()
+            if temperature > 0:
+                pick = int(torch.multinomial(torch.softmax(values / temperature, dim=0), 1, generator=generator))
+            else:
+                pick = max(range(len(allowed)), key=lambda k: float(values[k]))  # max keeps the first of equals
+            prefix += (allowed[pick],)
+        return self.index[prefix]
+
+    def token_logprobs(self, choice: int, temperature: float, raw: bool) -> tuple[list[float], list[dict[int, float]]]:
+        """Along ``choice``'s tokens: each token's logprob and the allowed tokens' there, either the model's raw ones
+        or, under the mask at ``temperature``, each allowed token's share (a forced token 0.0)."""
+        tokens = self.completions[choice]
+        if raw:
+            self.logprobs(tokens[:-1])  # one forward covers every position not computed yet
+        values, allowed_values = [], []
+        for j, token in enumerate(tokens):
+            prefix, allowed = tokens[:j], self.allowed[tokens[:j]]
+            if raw:
+                row = self.logprobs(prefix)
+                at = {t: float(row[t]) for t in allowed}
+            elif len(allowed) == 1:
+                at = {token: 0.0}
+            else:
+                row = self.logprobs(prefix)
+                raw_values = {t: float(row[t]) for t in allowed}
+                norm = log_normaliser(list(raw_values.values()), temperature)
+                at = {t: v / temperature - norm for t, v in raw_values.items()}
+            values.append(at[token])
+            allowed_values.append(at)
+        return values, allowed_values
+
+
+def score_choices(model: Any, root: Prefilled, completions: Sequence[Sequence[int]], pad: int, batch: int = 16) -> list[list[float]]:
+    """The model's log-probability of every completion token after the prompt, the completions right-padded and
+    scored a batch at a time, continuing from the prompt's cache."""
+    import torch
+
+    out: list[list[float]] = []
+    prompt = len(root.ids)
+    for start in range(0, len(completions), batch):
+        chunk = [list(c) for c in completions[start:start + batch]]
+        width = max(len(c) for c in chunk)
+        ids = torch.tensor([c + [pad] * (width - len(c)) for c in chunk], device=root.next_logprobs.device)
+        mask = torch.tensor([[1] * (prompt + len(c)) + [0] * (width - len(c)) for c in chunk], device=ids.device)
+        logits = model(input_ids=ids, attention_mask=mask, cache=root.cache(batch=len(chunk)), use_cache=True).logits
+        # The first token's log-probs come from the prompt's last position; each later one's from the token before.
+        logprobs = logits[:, :-1].float().log_softmax(dim=-1)
+        for i, c in enumerate(chunk):
+            out.append([float(root.next_logprobs[c[0]])] + [float(logprobs[i, j - 1, t]) for j, t in enumerate(c) if j > 0])
+    return out
