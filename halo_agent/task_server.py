@@ -12,7 +12,8 @@ Every route is a POST under ``/api`` taking and returning JSON, in the shapes of
   ``current_round``, ``current_sample_index``, ``command_execution_timeout`` (simple values:
   ``{"type": "int", "value": "5"}``); both ``null`` for any other name (its client raises
   ``AttributeError``). ``/set_attribute`` ``{"name", "instance_factory_type",
-  "instance_factory_parameter_dict"}`` sets ``max_round`` or ``command_execution_timeout``.
+  "instance_factory_parameter_dict"}`` sets ``max_round`` or ``command_execution_timeout``; any other
+  name but the server's own state is kept and read back, as setting it on their task would.
 - ``/get_sample_index_list`` -> ``{"sample_index_list": [...]}`` (HALO task names; a
   LifelongAgentBench file's own keys)
 - ``/reset`` ``{"session": Session}`` -> ``{"session": Session}``: a fresh sandbox with the task's
@@ -73,7 +74,8 @@ OUTCOMES = ("unset", "correct", "incorrect", "unknown", "ignored")
 ACKNOWLEDGEMENT = "OK."
 # LifelongAgentBench's client rebuilds an enum attribute from this module path.
 TASK_NAME_ENUM = "src.typings.general.TaskName"
-SETTABLE_ATTRIBUTES = ("max_round", "command_execution_timeout")
+SETTABLE_ATTRIBUTES = ("max_round", "command_execution_timeout")  # take effect
+READ_ONLY_ATTRIBUTES = ("task_name", "current_round", "current_sample_index")  # the server's state, not the client's
 
 SampleIndex = Union[int, str]
 SampleStatus = Literal[STATUSES]  # type: ignore[valid-type]
@@ -162,6 +164,7 @@ class OSTaskService:
         self.reward_map = reward_map or RewardMap()
         self.sessions: dict[str, _OpenSample] = {}
         self.current_sample_index: Optional[SampleIndex] = None  # the sample reset last, while open
+        self.attributes: dict[str, dict[str, Any]] = {}  # attributes a client set, in their transfer form
         self._lock = threading.Lock()
 
     def sample_index_list(self) -> list[str]:
@@ -175,14 +178,22 @@ class OSTaskService:
         values = {"max_round": self.max_rounds, "current_round": current.rounds if current else 0,
                   "current_sample_index": self.current_sample_index,
                   "command_execution_timeout": int(self.sandbox_config.timeout_s)}
+        if name in self.attributes:
+            return self.attributes[name]
         if name not in values:
             return {"instance_factory_type": None, "instance_factory_parameter_dict": None}
         return simple_value(values[name])
 
     def set_attribute(self, request: SetAttributeRequest) -> None:
+        """``max_round`` and ``command_execution_timeout`` take effect; any other name but the server's own state
+        is kept as given and read back (LifelongAgentBench's client sets what it likes on its task)."""
         parameters = request.instance_factory_parameter_dict
+        if request.name in READ_ONLY_ATTRIBUTES:
+            raise ValueError(f"attribute {request.name!r} is the server's own; settable: {', '.join(SETTABLE_ATTRIBUTES)} and names of your own")
         if request.name not in SETTABLE_ATTRIBUTES:
-            raise ValueError(f"attribute {request.name!r} cannot be set; settable: {', '.join(SETTABLE_ATTRIBUTES)}")
+            self.attributes[request.name] = {"instance_factory_type": request.instance_factory_type,
+                                             "instance_factory_parameter_dict": dict(parameters)}
+            return
         if request.instance_factory_type != "simple_immutable_type" or parameters.get("type") != "int":
             raise ValueError(f"{request.name} takes an int (simple_immutable_type), got {request.instance_factory_type} {parameters}")
         value = int(parameters["value"])

@@ -246,6 +246,10 @@ def test_set_attribute_and_shutdown_releases_every_sandbox(server):
     limited = run_sample(task, "files-make-dirs", [bash("true"), "Act: finish"])
     assert limited["sample_status"] == "task_limit_reached"
     task.max_round = MAX_ROUNDS
+    task.server_address_note = "kept"  # a name of the client's own: kept and read back, as on their task
+    assert task.server_address_note == "kept"
+    assert refused(task._call, "/set_attribute", {"name": "task_name", "instance_factory_type": "simple_immutable_type",
+                                                 "instance_factory_parameter_dict": {"type": "str", "value": "db_bench"}})[0] == 400
     task.reset(new_session(task, "users-add"))  # left open: the server's shutdown must release it
     threads = Path(f"/proc/{process.pid}/task").iterdir()  # the routes run in a thread pool: each thread's children
     children = [int(p) for thread in threads for p in (thread / "children").read_text().split()]
