@@ -74,7 +74,20 @@ class Runner:
         if arm == "online_grpo":
             return self.state.online_final(self.p.online_run(seed), int(self.p.hyperparameters["online_grpo"]["iterations"]))
         final = out / "final"
-        return str(final) if (final / "adapter_config.json").exists() else None
+        if (final / "adapter_config.json").exists():
+            return str(final)
+        return BASE_MODEL if self.nothing_to_train_on(arm, seed) else None
+
+    def nothing_to_train_on(self, arm: str, seed: int) -> bool:
+        """bc_filtered without one successful sampled episode, dpo without one pair: once the sampling is complete,
+        the arm has no data, so its final policy is the base model (the report's rows say so by their seeds)."""
+        sample = self.p.budget["sample"]
+        if self.state.episodes(self.p.sample_run(seed)) < len(self.p.train_tasks) * int(sample["task_seeds"]) * int(sample["attempts"]):
+            return False
+        sql = {"bc_filtered": "select count(*) AS n from episodes where run_id = $r and success",
+               "dpo": "select count(*) AS n from dpo_pairs where run_id = $r and source = 'episodes'"}[arm]
+        rows = self.state.query(sql, {"r": self.p.sample_run(seed)})
+        return bool(rows) and int(rows[0]["n"]) == 0
 
     # ------------------------------------------------------------------ commands
     def _call(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> None:
@@ -179,6 +192,8 @@ class Runner:
 
     def _train_job(self, arm: str, seed: int, job: str, extra: list[str]) -> None:
         if self.final_adapter(arm, seed) is not None:
+            if self.final_adapter(arm, seed) == BASE_MODEL:
+                log.warning("%s seed %d: nothing to train on in %s: the base model stands for it", arm, seed, self.p.sample_run(seed))
             return
         out = self.adapter_dir(arm, seed)
         lora = self.p.hyperparameters["lora"]
@@ -304,10 +319,9 @@ def main(argv: list[str] | None = None) -> None:
         for row in runner.status():
             print(f"{row['stage']:<48} {row['done']}")
     elif args.command == "report":
-        from importlib import import_module
+        from bench.reports import learning_v1  # a protocol's results have learning-v1's shape whatever its name
 
-        module = import_module(f"bench.reports.{protocol.name.replace('-', '_')}")
-        print(module.report(Path(args.results or ROOT / "bench" / "results" / protocol.name)))
+        print(learning_v1.report(Path(args.results or ROOT / "bench" / "results" / protocol.name)))
     elif args.command == "export":
         from bench.learning_export import export
 

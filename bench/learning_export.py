@@ -107,11 +107,13 @@ def timing(runner) -> dict[str, Any]:
         "from steps where starts_with(run_id, $p) group by run_id order by run_id", {"p": f"{runner.p.prefix}-"},
         views=False, tables=("steps",))
     online = {}
+    wall = {e["run_id"]: e["wall_seconds_per_step"] * e["steps"] for e in evals if e["wall_seconds_per_step"] is not None}
     for seed in runner.p.arm_seeds("online_grpo") if "online_grpo" in runner.p.arms else ():
         its = runner.state.online_iterations(runner.p.online_run(seed))
         online[f"s{seed}"] = [{
             "iteration": it["iteration"],
             "iteration_seconds": it["metrics"].get("iteration_seconds"),
+            "rollout_seconds": wall.get(it["rollout_run"]),
             "update_seconds": it["metrics"].get("update_seconds"),
             "reload_seconds": it["metrics"].get("reload_seconds"),
             "rollout_steps_per_second": it["metrics"].get("rollout_steps_per_second"),

@@ -118,10 +118,11 @@ def timing_table(timing: dict[str, Any]) -> str:
                   for e in evals]
     for seed, its in (timing.get("online_iterations") or {}).items():
         for it in its:
-            total, update, reload = it.get("iteration_seconds"), it.get("update_seconds") or 0.0, it.get("reload_seconds") or 0.0
-            rollout = None if total is None else total - update - reload
-            lines.append(f"- online_grpo {seed} iteration {it['iteration']}: {total or 0:.0f} s = rollout {rollout or 0:.0f} s"
-                         f" + update {update:.0f} s + reload {reload:.1f} s ({it.get('update')})")
+            total, update, reload = it.get("iteration_seconds") or 0.0, it.get("update_seconds") or 0.0, it.get("reload_seconds") or 0.0
+            rollout = it.get("rollout_seconds") or 0.0
+            lines.append(f"- online_grpo {seed} iteration {it['iteration']}: {total:.0f} s: rollout {rollout:.0f} s, update {update:.0f} s, "
+                         f"reload {reload:.1f} s, the rest (held-out curve, bookkeeping) {max(0.0, total - rollout - update - reload):.0f} s "
+                         f"({it.get('update')})")
     for job in timing.get("train_jobs", []):
         lines.append(f"- {job['job_type']} {pathlib.Path(str(job['output_dir'])).name}: {job['job_seconds'] or 0:.0f} s")
     return ("\n".join(lines) + "\n") if lines else "No timings yet.\n"
