@@ -78,11 +78,16 @@ class Runner:
             return str(final)
         return BASE_MODEL if self.nothing_to_train_on(arm, seed) else None
 
+    def sample_complete(self, seed: int) -> bool:
+        """Every episode of the budget sampled: bc_filtered and dpo train on all of it, never on a part."""
+        sample = self.p.budget["sample"]
+        planned = len(self.p.train_tasks) * int(sample["task_seeds"]) * int(sample["attempts"])
+        return self.state.episodes(self.p.sample_run(seed)) >= planned
+
     def nothing_to_train_on(self, arm: str, seed: int) -> bool:
         """bc_filtered without one successful sampled episode, dpo without one pair: once the sampling is complete,
         the arm has no data, so its final policy is the base model (the report's rows say so by their seeds)."""
-        sample = self.p.budget["sample"]
-        if self.state.episodes(self.p.sample_run(seed)) < len(self.p.train_tasks) * int(sample["task_seeds"]) * int(sample["attempts"]):
+        if not self.sample_complete(seed):
             return False
         sql = {"bc_filtered": "select count(*) AS n from episodes where run_id = $r and success",
                "dpo": "select count(*) AS n from dpo_pairs where run_id = $r and source = 'episodes'"}[arm]
@@ -184,7 +189,7 @@ class Runner:
         sample = self.p.budget["sample"]
         planned = len(self.p.train_tasks) * int(sample["task_seeds"]) * int(sample["attempts"])
         run_id = self.p.sample_run(seed)
-        if self.state.episodes(run_id) >= planned:
+        if self.sample_complete(seed):
             return
         with self.engine({}) as url:
             self.rollout(run_id, self.p.tasks(self.p.train_tasks), self.p.train_seed_start(seed), int(sample["task_seeds"]),
@@ -194,6 +199,9 @@ class Runner:
         if self.final_adapter(arm, seed) is not None:
             if self.final_adapter(arm, seed) == BASE_MODEL:
                 log.warning("%s seed %d: nothing to train on in %s: the base model stands for it", arm, seed, self.p.sample_run(seed))
+            return
+        if not self.sample_complete(seed) and not self.dry_run:
+            log.warning("%s seed %d waits for the whole sample %s", arm, seed, self.p.sample_run(seed))
             return
         out = self.adapter_dir(arm, seed)
         lora = self.p.hyperparameters["lora"]
@@ -259,25 +267,30 @@ class Runner:
                 for cell in cells:
                     self.evaluate(cell, [*self.model_policy(url, names[arm]), "--mode", arm])
 
+    @staticmethod
+    def _stage(stage, *args: Any) -> None:
+        """One stage; a failed command leaves the stages after it to run (its log says why; the next run retries)."""
+        try:
+            stage(*args)
+        except RuntimeError as e:
+            log.error("%s%s: %s", stage.__name__, args, e)
+
     def run(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> None:
         arms = arms or list(self.p.arms)
         seeds = [s for s in self.p.training_seeds if seeds is None or s in seeds]
         for arm in ("random", "heuristic"):
             if arm in arms and arm in self.p.arms:
-                self.run_policy_arm(arm)
+                self._stage(self.run_policy_arm, arm)
         if "zero_shot" in arms:
-            self.run_zero_shot()
+            self._stage(self.run_zero_shot)
         trained = [a for a in self.p.arms if self.p.arms[a]["kind"] == "trained" and a in arms]
         for seed in seeds:
             if {"bc_filtered", "dpo"} & set(trained):
-                self.run_sample(seed)
+                self._stage(self.run_sample, seed)
             for arm, stage in (("bc_filtered", self.run_bc), ("dpo", self.run_dpo), ("online_grpo", self.run_online)):
                 if arm in trained:
-                    try:
-                        stage(seed)
-                    except RuntimeError as e:  # one arm's failed job leaves the others to run; its log says why
-                        log.error("%s seed %d: %s", arm, seed, e)
-            self.run_trained_evals(seed, trained)
+                    self._stage(stage, seed)
+            self._stage(self.run_trained_evals, seed, trained)
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict[str, Any]]:
