@@ -19,15 +19,14 @@ Results go to bench/results/online-pipeline/<time>.json. A measurement, never a 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from bench.reports import save
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 WARMUP_SEED_START = 50_000
 
 
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"sequential / pipelined wall time: {ratio:.2f}x (ideal with free cores, from the sequential run's "
               f"rollout and update times: {ideal:.2f}x)")
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    (RESULTS / "online-pipeline").mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "online-pipeline" / f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(summary, indent=2, default=str))
+    out = save("online-pipeline", summary, argv)
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")
 
 

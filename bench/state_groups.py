@@ -21,15 +21,14 @@ bench/results/state-groups/<time>.json. A measurement, never a timed test.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from bench.reports import save
+
 WARMUP_SEED_START = 50_000
 
 
@@ -86,9 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{group_by:<8}  {it['iteration']:>9}  {it['episodes']:>8}  {it['env_steps']:>9}  {it['candidates']:>10}  "
                   f"{it['unreproducible_states']:>14}  {it['groups']:>6}  {it['trainable_groups']:>9}  {it['rows_trained']:>12}  "
                   f"{it['rollout_seconds']:>9.1f}  {it['update_seconds']:>8.1f}")
-    (RESULTS / "state-groups").mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "state-groups" / f"{a.task}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
+    out = save("state-groups", result, argv)
     print(f"{result['seconds']:.0f} s; results in {out}")
 
 
