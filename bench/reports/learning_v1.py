@@ -92,6 +92,26 @@ def split_table(rows: list[dict[str, Any]], split: str, planned: dict[str, Any])
     return "\n".join(lines) + "\n"
 
 
+def task_table(rows: list[dict[str, Any]]) -> str:
+    """Pooled success per task (rows) and arm (columns), final policies, test seeds of every task."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["split"] != "dev" and r.get("version") is None:
+            c = counts[(r["task_id"], r["arm"])]
+            c[0] += int(r["success"])
+            c[1] += 1
+    if not counts:
+        return ""
+    arms = _ordered({arm for _, arm in counts})
+    tasks = sorted({task for task, _ in counts}, key=lambda t: (not any(r["task_id"] == t and r["split"] == "test_seeds" for r in rows), t))
+    lines = ["| task | " + " | ".join(arms) + " |", "| --- |" + " --- |" * len(arms)]
+    for task in tasks:
+        cells_ = [f"{100 * counts[(task, a)][0] / counts[(task, a)][1]:.0f} ({counts[(task, a)][1]})" if (task, a) in counts else "–"
+                  for a in arms]
+        lines.append(f"| {task.split('.', 1)[-1]} | " + " | ".join(cells_) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def curve_table(rows: list[dict[str, Any]]) -> str:
     """Held-out tasks on dev seeds against the environment steps the evaluated policy was trained with."""
     points: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
@@ -145,7 +165,18 @@ def report(results_dir: pathlib.Path) -> str:
                    "the figures below are of the episodes that exist and say nothing about the arms still missing.\n")
     for split in SPLIT_ORDER[:2]:
         out.append(f"**{split}** (success %, 95% intervals):\n\n" + split_table(rows, split, planned))
+    per_task = task_table(rows)
+    if per_task:
+        out.append("**Per task** (pooled success %, attempts; train tasks first):\n\n" + per_task)
     out.append("**Curve** (held-out tasks, dev seeds):\n\n" + curve_table(rows))
     timing_path = results_dir / "timing.json"
     out.append("**Seconds**:\n\n" + timing_table(json.loads(timing_path.read_text()) if timing_path.exists() else {}))
+    probe_path = results_dir / "speed-probe.json"
+    if probe_path.exists():
+        p = json.loads(probe_path.read_text())
+        out.append(f"One online-grpo iteration outside the experiment ({p['date']}, load {p['load_average_1min']} on "
+                   f"{p['cpus']} CPUs; `{p['command']}`): rollout {p['rollout_seconds']:.0f} s for {p['rollout_steps']} steps "
+                   f"({p['policy_seconds_per_step']:.2f} s per policy step), update {p['update_seconds']:.0f} s for "
+                   f"{p['update_optimizer_steps']} optimizer step over {p['update_rows']} rows ({p['update_tokens']} tokens), "
+                   f"reload {p['reload_seconds']:.1f} s; {p['iteration_seconds']:.0f} s in all.\n")
     return "\n".join(out)
