@@ -106,6 +106,13 @@ def test_every_page_is_in_the_nav_and_the_site_builds_strict(tmp_path):
     assert nav_pages == files, f"add to mkdocs.yml's nav: {sorted(files - nav_pages)}; missing: {sorted(nav_pages - files)}"
     build(config)
     assert (tmp_path / "site" / "cli" / "index.html").read_text().count("halo-train online-grpo") >= 1
+    # the column reference is generated from the schema and the views themselves (docs/hooks.py)
+    from halo_data.schema import TABLES
+
+    lake_page = (tmp_path / "site" / "lake" / "index.html").read_text()
+    assert [c.name for t in TABLES.values() for c in t.columns if f"<code>{c.name}</code>" not in lake_page] == []
+    views_page = (tmp_path / "site" / "views" / "index.html").read_text()
+    assert views_page.count("Columns: ") == len(view_names())
 
 
 def _nav_files(nav) -> list[str]:
