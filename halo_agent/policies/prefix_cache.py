@@ -113,22 +113,27 @@ class PromptCache:
 class ChoiceWalk:
     """Draws among ``completions`` (token ids, each ending in EOS) token by token under the mask, from ``root``."""
 
-    def __init__(self, model: Any, root: Prefilled, completions: Sequence[Sequence[int]]) -> None:
+    def __init__(self, model: Any, root: Prefilled, completions: Sequence[Sequence[int]], kept_caches: int = 4) -> None:
         self.model, self.root = model, root
         self.completions = [tuple(c) for c in completions]
         self.allowed = allowed_tokens(self.completions)
         self.index = {c: i for i, c in enumerate(self.completions)}
         self._logprobs: dict[Prefix, Any] = {(): root.next_logprobs}  # the model's log-probs after each prefix
-        self._caches: dict[Prefix, Prefilled] = {(): root}  # where a forward ended, to continue from
+        # Where the last few forwards ended, to continue from (each holds the whole prompt's KV: a draw of many
+        # samples keeps ``kept_caches`` of them and goes back to the prompt's cache for the rest).
+        self._caches: collections.OrderedDict[Prefix, Prefilled] = collections.OrderedDict()
+        self.kept_caches = kept_caches
 
     def logprobs(self, prefix: Prefix) -> Any:
         """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
         if prefix not in self._logprobs:
             start, shared = max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
-                                key=lambda item: item[1])
+                                key=lambda item: item[1], default=(self.root, 0))
             prompt = len(self.root.ids)
             prefilled, rows = extend(self.model, start, prompt + shared, self.root.ids + prefix)
             self._caches[prefix] = prefilled
+            while len(self._caches) > self.kept_caches:
+                self._caches.popitem(last=False)
             for k in range(len(rows)):
                 self._logprobs[prefix[:shared + k + 1]] = rows[k]
         return self._logprobs[prefix]
