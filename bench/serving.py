@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
+    shutil.rmtree(work, ignore_errors=True)  # the lakes and server logs; kept where a run failed
 
     arms = {}
     for arm in ARMS:
