@@ -60,8 +60,9 @@ class CandidateGroup:
     def trainable(self) -> bool:
         return self.unreproducible is None
 
-    def rows(self, *, run_id: str, env: str, episode_id: str, task_id: str, prompt: str | None, policy_version: str | None) -> list[dict[str, Any]]:
-        """Rows of the ``candidates`` table, one per sample."""
+    def rows(self, *, run_id: str, env: str, episode_id: str, task_id: str, prompt: str | None, policy_version: str | None,
+             temperature: float | None = None) -> list[dict[str, Any]]:
+        """Rows of the ``candidates`` table, one per sample, with its tokens and logprobs where the policy gave them."""
         source = SCORED if self.trainable else UNREPRODUCIBLE
         prompt_hash = ids.sha256_hex(prompt) if prompt is not None else None
         now = utc_now()
@@ -71,6 +72,8 @@ class CandidateGroup:
                 state_hash=self.path.target, candidate_idx=i, prompt=prompt, prompt_hash=prompt_hash,
                 model_output=sample.model_output, action=sample.action, score=score, score_source=source,
                 policy_version=policy_version, logprob_sum=sample.logprob_sum, created_at=now,
+                logprobs=sample.logprobs, completion_token_ids=sample.completion_token_ids,
+                logprobs_mode=sample.logprobs_mode, draw=sample.draw, choices=sample.choices, temperature=temperature,
             )
             for i, (sample, score) in enumerate(zip(self.samples, self.scores))
         ]

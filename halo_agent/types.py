@@ -65,8 +65,12 @@ class PolicyOutput:
     latency_ms: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[float] | None = None  # one per token of completion_token_ids where those are known
     logprob_sum: float | None = None
+    completion_token_ids: list[int] | None = None  # the tokens the engine generated (EOS included where it returned it)
+    logprobs_mode: str | None = None  # processed_logprobs | raw_logprobs (halo_data.schema.LOGPROBS_MODES)
+    draw: str | None = None  # masked_choice | sequence_choice | sample | greedy (halo_data.schema.DRAWS)
+    choices: list[str] | None = None  # the answers decoding was constrained to, if it was
     api_error: str | None = None  # the model endpoint failed (not the environment, not a wrong answer)
     macro: str | None = None  # the macro this action was expanded from (action_source 'macro')
     call_model: str | None = None  # the model called for this action, if one was

@@ -84,6 +84,14 @@ def _check(kind: str, name: str, value: Any, label: str | None = None) -> Any:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise RecordError(f"{kind} field 'logprobs' must be a list of numbers")
         value = [float(v) for v in value]
+    elif name == "completion_token_ids":
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise RecordError(f"{kind} field 'completion_token_ids' must be a list of token ids (ints >= 0)")
+        value = list(value)
+    elif name == "choices":
+        if not all(isinstance(v, str) for v in value):
+            raise RecordError(f"{kind} field 'choices' must be a list of strings")
+        value = list(value)
     elif isinstance(value, dt.datetime) and value.tzinfo is None:
         raise RecordError(f"{kind} field {label} must be timezone-aware (UTC)")
     return value
@@ -256,6 +264,10 @@ class StepRecord:
     cost_usd: float | None = None
     logprobs: Sequence[float] | None = None
     logprob_sum: float | None = None
+    completion_token_ids: Sequence[int] | None = None  # the engine's tokens; logprobs has one per token
+    logprobs_mode: str | None = None  # schema.LOGPROBS_MODES
+    draw: str | None = None  # schema.DRAWS
+    choices: Sequence[str] | None = None  # a guided choice's allowed answers
     is_last: bool | None = None  # derived by the writer from the step's position
     extra: Mapping[str, Any] | str | None = None
 
@@ -279,6 +291,7 @@ class StepRecord:
         extra = values["extra"]
         if extra is not None and not isinstance(extra, (str, Mapping)):
             raise RecordError(f"step field 'extra' must be a mapping or a JSON string, got {type(extra).__name__}")
+        check_token_fields("step", values)
 
     def components(self) -> dict[str, float | None]:
         """Every reward component: a left-out one is 0 (task_progress: None, not measured), an unknown (None) one stays None."""
@@ -313,8 +326,9 @@ class StepRecord:
         extra = values["extra"]
         if extra is not None and not isinstance(extra, str):
             row["extra"] = json.dumps(extra, sort_keys=True, default=str)
-        if values["logprobs"] is not None:
-            row["logprobs"] = list(values["logprobs"])
+        for name in ("logprobs", "completion_token_ids", "choices"):
+            if values[name] is not None:
+                row[name] = list(values[name])
         return row
 
     def replace(self, **changes: Any) -> "StepRecord":
@@ -328,6 +342,21 @@ class StepRecord:
         if row.get("reward_weights") and fields.get("weights") is None:
             fields["weights"] = json.loads(row["reward_weights"])
         return cls(**fields)
+
+
+def check_token_fields(kind: str, values: Mapping[str, Any]) -> None:
+    """A token-exact completion's fields agree: one logprob per token id, a known mode and draw (RecordError if not)."""
+    mode, draw = values.get("logprobs_mode"), values.get("draw")
+    if mode is not None and mode not in S.LOGPROBS_MODES:
+        raise RecordError(f"{kind} field 'logprobs_mode' must be one of {', '.join(S.LOGPROBS_MODES)}, got {mode!r}")
+    if draw is not None and draw not in S.DRAWS:
+        raise RecordError(f"{kind} field 'draw' must be one of {', '.join(S.DRAWS)}, got {draw!r}")
+    token_ids, logprobs = values.get("completion_token_ids"), values.get("logprobs")
+    if token_ids is not None and logprobs is not None and len(token_ids) != len(logprobs):
+        raise RecordError(
+            f"{kind} fields 'completion_token_ids' ({len(token_ids)}) and 'logprobs' ({len(logprobs)}) must have "
+            "one logprob per token"
+        )
 
 
 # ------------------------------------------------------------------------------- derived columns

@@ -83,6 +83,37 @@ def reward_column(component: str) -> str:
 REWARD_COLUMNS: tuple[str, ...] = tuple(reward_column(c) for c in REWARD_COMPONENTS)
 
 
+# Token-exact steps: what a model-generated completion was, token by token, and which distribution its logprobs
+# are of, so a trainer scores exactly those tokens under exactly that distribution. Shared by steps and candidates.
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+DRAWS = ("masked_choice", "sequence_choice", "sample", "greedy")
+LOGPROBS_DOC = (
+    "One logprob per token of completion_token_ids (the same length), of the distribution logprobs_mode and draw "
+    "name: under processed_logprobs the one the engine drew the token from (masked_choice: the allowed tokens' "
+    "probabilities renormalised at the temperature, 0 for a token every remaining choice shares; sample: the "
+    "softmax at the temperature, top_p applied), under raw_logprobs the model's softmax at temperature 1. Rows "
+    "without completion_token_ids (older HALO, endpoints that return no token ids): per-token logprobs of "
+    "model_output as the endpoint reported them, raw softmax unless it says otherwise."
+)
+TOKEN_COLUMNS = (
+    C("completion_token_ids", pa.list_(pa.int64()),
+      "The token ids the engine generated for model_output, in order, EOS included where the engine returned it "
+      "(vLLM's return_tokens_as_token_ids); trainers score these ids, never a re-tokenisation of the text. NULL "
+      "where the policy is not a model or its endpoint returns no token ids (and in lakes of an older HALO)."),
+    C("logprobs_mode", pa.string(),
+      "Which distribution logprobs are of: processed_logprobs (the one the engine drew from: masking, temperature "
+      "and top_p applied; vLLM's --logprobs-mode processed_logprobs) | raw_logprobs (the model's raw softmax). "
+      "NULL where logprobs are NULL or were written by an older HALO (raw softmax)."),
+    C("draw", pa.string(),
+      "How the completion was drawn: masked_choice (a guided choice drawn token by token under the grammar mask "
+      "over choices, as vLLM does) | sequence_choice (a guided choice drawn by whole-sequence probability) | "
+      "sample (sampled at the temperature) | greedy (temperature 0). NULL where unknown (older HALO)."),
+    C("choices", pa.list_(pa.string()),
+      "The answers decoding was constrained to (the guided choice's list, in the order sent), which a trainer "
+      "needs to rebuild a masked_choice draw's mask; NULL for unconstrained decoding."),
+)
+
+
 RUNS = TableSpec(
     name="runs",
     doc="One row per run (rollout, eval or training). Upserted by run_id: a resumed run keeps its row.",
@@ -177,8 +208,9 @@ STEPS = TableSpec(
         C("completion_tokens", pa.int64(), "Completion tokens (model policies)."),
         C("call_model", pa.string(), "Model whose call produced this row (the worker's or the manager's); NULL without a model call."),
         C("cost_usd", pa.float64(), "Estimated cost of this row's model call from the price table at collection time."),
-        C("logprobs", pa.list_(pa.float64()), "Per-token logprobs of model_output, where the policy gives them."),
-        C("logprob_sum", pa.float64(), "Sum of logprobs of model_output under the behaviour policy."),
+        C("logprobs", pa.list_(pa.float64()), LOGPROBS_DOC),
+        C("logprob_sum", pa.float64(), "Sum of logprobs: the log-probability of the completion under the distribution they are of."),
+        *TOKEN_COLUMNS,
         C("is_last", pa.bool_(), "Last step of the episode."),
         C("extra", pa.string(), "JSON for anything else (env info, MiniWoB rewards)."),
     ),
@@ -218,8 +250,11 @@ CANDIDATES = TableSpec(
         C("score", pa.float64(), "Score of the candidate (critic, rollout value, or env reward); NULL when its state did not reproduce."),
         C("score_source", pa.string(), "critic | rollout | env | unreproducible (the state did not restore: never trained on)."),
         C("policy_version", pa.string(), "Policy that sampled it."),
-        C("logprob_sum", pa.float64(), "Behaviour logprob, where known."),
+        C("logprob_sum", pa.float64(), "Behaviour logprob of the sample (the sum of logprobs where they are stored), where known."),
         C("created_at", TS, "When sampled."),
+        C("logprobs", pa.list_(pa.float64()), LOGPROBS_DOC),
+        *TOKEN_COLUMNS,
+        C("temperature", pa.float64(), "Sampling temperature of the call that drew the sample."),
     ),
 )
 

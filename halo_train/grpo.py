@@ -50,17 +50,26 @@ mean) is left out of the batches too (``zero_advantage_rows`` in
 training_stats.json): it adds nothing to the gradient and would only take the slot
 of a row that does. Under the min baseline most covered candidates are such rows.
 
-Loss. Without stored behaviour logprobs this is REINFORCE with the group mean as
-baseline: loss = -A * log pi(completion | prompt). Where ``logprob_sum`` (the
-behaviour policy's log-probability of the completion) is stored, the update is
-off-policy: a sequence-level importance ratio (TRL's
-``importance_sampling_level="sequence"``: the length-normalised log-ratio)
+Loss. Token-exact rows (a step or candidate with ``completion_token_ids`` and one
+stored logprob per token) are scored on exactly those token ids, never a
+re-tokenisation of the text, under exactly the distribution their logprobs are of
+(``halo_train.behaviour``: for a guided choice drawn under the grammar mask, the
+allowed tokens' probabilities renormalised at the temperature, the mask rebuilt
+from the stored ``choices``; for plain sampling the softmax at the temperature),
+with one importance ratio per token
+
+    r_t = exp(log pi_theta(token_t) - logprobs_t)
+
+so before the first update every r_t is 1. Rows of older lakes (no token ids) keep
+the earlier behaviour: the completion text tokenised with EOS appended; without
+behaviour logprobs REINFORCE with the group mean as baseline (loss = -A * log
+pi(completion | prompt)); where only ``logprob_sum`` is stored, a sequence-level
+ratio (TRL's ``importance_sampling_level="sequence"``: the length-normalised log-ratio)
 
     r = exp((log pi_theta(completion) - logprob_sum) / completion_tokens)
 
-is clipped to [1 - epsilon, 1 + epsilon_high] as in PPO/GRPO:
-loss_token = -min(r * A, clip(r) * A). Stored logprobs must come from the same
-tokenizer at temperature 1 (what vLLM reports for the sampled tokens).
+against the raw softmax. Either ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+as in PPO/GRPO: loss_token = -min(r * A, clip(r) * A).
 
 Choices (``--choice-softmax``, state groups). HALO's chat server draws a guided-choice
 answer from the page's choices in proportion to their sequence probabilities,
@@ -130,27 +139,34 @@ SELECT
     level, group_key, run_id, task_id, policy_version, episode_id, step_idx,
     CASE WHEN level = 'episode' THEN prompt END AS prompt,
     CASE WHEN level = 'episode' THEN completion END AS completion,
-    logprob_sum, reward, group_std, zero_std, advantage, combined_advantage{columns}
+    logprob_sum, reward, group_std, zero_std, advantage, combined_advantage,
+    completion_token_ids, token_logprobs, logprobs_mode, draw, choices, temperature{columns}
 FROM selected{join}
 ORDER BY level, group_key, episode_id, step_idx
 """
-MEMBERS_SQL = _MEMBERS_SQL.format(columns="", join="")
+# Each member's stored tokens and the distribution of their logprobs (halo_train.behaviour): from its step.
+_TOKENS = "completion_token_ids, logprobs AS token_logprobs, logprobs_mode, draw, choices, temperature"
+_STEP_TOKENS_JOIN = f"\nLEFT JOIN (SELECT episode_id, step_idx, {_TOKENS} FROM steps) AS tokens USING (episode_id, step_idx)"
+MEMBERS_SQL = _MEMBERS_SQL.format(columns="", join=_STEP_TOKENS_JOIN)
 # For a vision-language base model: each member's step screenshot too (halo_train.vlm).
 _SHOTS_JOIN = "\nLEFT JOIN (SELECT episode_id, step_idx, screenshot_hash FROM steps) AS shots USING (episode_id, step_idx)"
-VLM_MEMBERS_SQL = _MEMBERS_SQL.format(columns=", screenshot_hash", join=_SHOTS_JOIN)
+VLM_MEMBERS_SQL = _MEMBERS_SQL.format(columns=", screenshot_hash", join=_STEP_TOKENS_JOIN + _SHOTS_JOIN)
 
 # state_groups (--group-by state): one row per scored candidate, already a training row; its level is 'state'.
 _STATE_MEMBERS_SQL = """
 SELECT
     'state' AS level, group_key, run_id, task_id, policy_version, episode_id, step_idx, candidate_idx,
     prompt, completion, logprob_sum, score AS reward, group_std, group_min, zero_std, advantage,
-    advantage AS combined_advantage{columns}
+    advantage AS combined_advantage,
+    completion_token_ids, token_logprobs, logprobs_mode, draw, choices, temperature{columns}
 FROM selected{join}
 ORDER BY group_key, candidate_idx
 """
-STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns="", join="")
+_CANDIDATE_TOKENS_JOIN = (f"\nLEFT JOIN (SELECT run_id, episode_id, step_idx, candidate_idx, {_TOKENS} FROM candidates) AS tokens "
+                          "USING (run_id, episode_id, step_idx, candidate_idx)")
+STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns="", join=_CANDIDATE_TOKENS_JOIN)
 # A candidate was sampled from its state's step: that step's screenshot is the one its prompt carried.
-VLM_STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns=", screenshot_hash", join=_SHOTS_JOIN)
+VLM_STATE_MEMBERS_SQL = _STATE_MEMBERS_SQL.format(columns=", screenshot_hash", join=_CANDIDATE_TOKENS_JOIN + _SHOTS_JOIN)
 
 
 def members_sql(group_by: str, vision: bool) -> str:
@@ -307,16 +323,27 @@ def state_members(
 # ---------------------------------------------------------------------------- tokenising
 
 
-def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion_length: int) -> dict[str, list[int]]:
-    """Prompt tokens as the chat template renders them for generation, then the completion and EOS."""
+def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion_length: int,
+                    row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prompt tokens as the chat template renders them for generation, then the completion: the stored token ids
+    where ``row`` has them (token-exact, with each token's behaviour logprob, the temperature and a masked draw's
+    allowed tokens, aligned with ``input_ids[1:]``), else the completion text tokenised and EOS."""
+    from halo_train.behaviour import stored_completion
+
     prompt_text = chat_text(tokenizer, prompt_messages(prompt_json), add_generation_prompt=True)
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"][: max_completion_length - 1]
-    completion_ids = completion_ids + [tokenizer.eos_token_id]
-    return {
-        "input_ids": prompt_ids + completion_ids,
-        "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids),
+    completion = stored_completion(tokenizer, row or {}, completion, max_completion_length)
+    encoded: dict[str, Any] = {
+        "input_ids": prompt_ids + completion.token_ids,
+        "completion_mask": [0] * len(prompt_ids) + [1] * len(completion.token_ids),
+        "token_logprobs": None, "temperature": None, "allowed": None,  # every row names the same columns
     }
+    if completion.behaviour is not None:
+        before = [0.0] * (len(prompt_ids) - 1)  # targets are input_ids[1:]
+        encoded["token_logprobs"] = before + completion.logprobs
+        encoded["temperature"] = completion.temperature
+        encoded["allowed"] = [[]] * (len(prompt_ids) - 1) + completion.allowed if completion.allowed else None
+    return encoded
 
 
 def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max_completion_length: int = 256) -> float:
@@ -333,15 +360,26 @@ def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max
 
 
 def pad_members(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
-    """Right-pads tokenised members (``tokenize_member``): input_ids, attention_mask and completion_mask tensors."""
+    """Right-pads tokenised members (``tokenize_member``): input_ids, attention_mask and completion_mask tensors;
+    and the token-exact rows' behaviour (``token_logprobs``, (B, T-1); ``has_token_logprobs``; ``temperature``;
+    ``allowed_token_ids``, (B, T-1, K))."""
     import torch
+
+    from halo_train.behaviour import pad_allowed
 
     width = max(len(r["input_ids"]) for r in rows)
     pad = lambda seq, value: list(seq) + [value] * (width - len(seq))  # noqa: E731
+    exact = [r.get("token_logprobs") is not None for r in rows]
     return {
         "input_ids": torch.tensor([pad(r["input_ids"], pad_token_id) for r in rows]),
         "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
         "completion_mask": torch.tensor([pad(r["completion_mask"], 0) for r in rows]),
+        "token_logprobs": torch.tensor([list(r["token_logprobs"]) + [0.0] * (width - len(r["input_ids"])) if e
+                                        else [0.0] * (width - 1) for r, e in zip(rows, exact)],
+                                       dtype=torch.float32).reshape(len(rows), width - 1),
+        "has_token_logprobs": torch.tensor(exact),
+        "temperature": torch.tensor([float(r.get("temperature") or 1.0) for r in rows]),
+        "allowed_token_ids": pad_allowed([r.get("allowed") for r in rows], width - 1),
     }
 
 
@@ -391,10 +429,14 @@ def grpo_loss(
     epsilon_low: float,
     epsilon_high: float,
     max_completion_length: int,
+    token_behaviour=None,
+    has_token_behaviour=None,
 ):
     """Per-token clipped policy-gradient loss over stored completions; returns (loss, stats).
 
-    token_logps: (B, T) log pi_theta of each target token; completion_mask: (B, T) 1 on completion tokens.
+    token_logps: (B, T) log pi_theta of each target token (for token-exact rows, under the distribution their
+    behaviour logprobs are of: ``halo_train.behaviour``); completion_mask: (B, T) 1 on completion tokens;
+    token_behaviour: (B, T) the stored logprob of each target token, used where has_token_behaviour (B,).
     """
     import torch
 
@@ -406,6 +448,10 @@ def grpo_loss(
     # Off-policy rows: one length-normalised sequence ratio against the behaviour policy, shared by its tokens.
     sequence_log_ratio = ((sequence_logp - behaviour_logprob) / n_tokens).unsqueeze(-1).expand_as(token_logps)
     log_ratio = torch.where(has_behaviour_logprob.unsqueeze(-1), sequence_log_ratio, on_policy_log_ratio)
+    if token_behaviour is not None:
+        # Token-exact rows: one ratio per token against that token's stored logprob of the same distribution.
+        has_behaviour_logprob = has_behaviour_logprob | has_token_behaviour
+        log_ratio = torch.where(has_token_behaviour.unsqueeze(-1), token_logps - token_behaviour, log_ratio)
     ratio = torch.exp(log_ratio.clamp(max=20.0))
     clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
     adv = advantage.unsqueeze(-1)
@@ -423,10 +469,12 @@ def grpo_loss(
     with torch.no_grad():
         is_clipped = ((ratio < 1.0 - epsilon_low) & (adv < 0)) | ((ratio > 1.0 + epsilon_high) & (adv > 0))
         off = has_behaviour_logprob
-        seq_ratio = ratio[:, 0] if ratio.size(1) else torch.ones_like(advantage)
+        # Each off-policy row's share of clipped tokens and its mean ratio, over its completion tokens.
+        row_clipped = (is_clipped.to(mask.dtype) * mask).sum(-1) / n_tokens
+        row_ratio = (ratio * mask).sum(-1) / n_tokens
         stats = {
-            "clip_ratio": float(is_clipped[:, 0][off].float().mean()) if off.any() else 0.0,
-            "importance_ratio_mean": float(seq_ratio[off].mean()) if off.any() else 1.0,
+            "clip_ratio": float(row_clipped[off].mean()) if off.any() else 0.0,
+            "importance_ratio_mean": float(row_ratio[off].mean()) if off.any() else 1.0,
             "frac_rows_off_policy": float(off.float().mean()),
             "completion_length": float(mask.sum(-1).mean()),
         }
@@ -469,6 +517,27 @@ def choice_softmax_loss(token_logps, completion_mask, group_index, advantage, be
     return loss, stats
 
 
+def _processed(logits, inputs):
+    """(B, T-1) log-probability of each next token: under each token-exact row's behaviour distribution (its
+    temperature, a masked draw's mask), the raw softmax for the other rows."""
+    import torch
+
+    from halo_train.behaviour import processed_token_logps
+
+    targets = inputs["input_ids"][:, 1:]
+    if "temperature" not in inputs:  # a batch without token-exact columns (a VLM batch)
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return processed_token_logps(logits, targets, inputs["temperature"], inputs.get("allowed_token_ids"))
+
+
+def behaviour_token_logps(model, inputs):
+    """(B, T-1) log pi_theta of each next token (``_processed``), and the completion mask aligned with it."""
+    from halo_train.vlm import model_inputs
+
+    logits = model(**model_inputs(inputs)).logits[:, :-1].float()
+    return _processed(logits, inputs), inputs["completion_mask"][:, 1:]
+
+
 def make_trainer_class():
     from transformers import Trainer
 
@@ -487,9 +556,7 @@ def make_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             import torch
 
-            from halo_train.vlm import completion_token_logps
-
-            token_logps, completion_mask = completion_token_logps(model, inputs)
+            token_logps, completion_mask = behaviour_token_logps(model, inputs)
             if "group_index" in inputs:
                 loss, stats = choice_softmax_loss(
                     token_logps, completion_mask, inputs["group_index"], inputs["advantage"].float(),
@@ -521,6 +588,8 @@ def make_trainer_class():
                 epsilon_low=self.clip_range[0],
                 epsilon_high=self.clip_range[1],
                 max_completion_length=self.grpo.max_completion_length,
+                token_behaviour=inputs.get("token_logprobs"),
+                has_token_behaviour=inputs.get("has_token_logprobs"),
             )
 
         def _kl_to_reference(self, model, inputs, token_logps):
@@ -529,7 +598,8 @@ def make_trainer_class():
 
             with torch.no_grad(), model.disable_adapter():
                 ref_logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
-            ref_logps = torch.log_softmax(ref_logits, dim=-1).gather(-1, inputs["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+            # The reference's distribution of the same kind as token_logps (a token-exact row's temperature and mask).
+            ref_logps = _processed(ref_logits, inputs)
             delta = ref_logps - token_logps
             per_token = torch.exp(delta) - delta - 1.0
             mask = inputs["completion_mask"][:, 1:].to(per_token.dtype)
@@ -586,7 +656,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         behaviour_rows = sum(len(g["advantage"]) for g in encoded)
     else:
         encoded, dropped = _encode_members(summary.members, tokenizer, cfg, vlm)
-        behaviour_rows = sum(1 for r in encoded if r["logprob_sum"] is not None)
+        behaviour_rows = sum(1 for r in encoded if r["logprob_sum"] is not None or r.get("token_logprobs") is not None)
     if dropped:
         log.warning("dropped %d %s longer than --max-length %d tokens", dropped, "state groups with a candidate" if cfg.choice_softmax else "rows", cfg.max_length)
     import pyarrow as pa
@@ -617,7 +687,7 @@ def _encode_members(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig, v
         if vlm is not None:  # tokenised with its images when the batch is built
             encoded.append({"prompt": r["prompt"], "completion": r["completion"], "screenshot_hash": r["screenshot_hash"], **scalars})
             continue
-        enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length)
+        enc = tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length, r)
         if cfg.max_length is not None and len(enc["input_ids"]) > cfg.max_length:
             dropped += 1
             continue

@@ -30,6 +30,17 @@ one-choice request so its log-probability is the engine's own (the ``n - 1`` mos
 page offers more). Scored from the same state, every offered action is then compared with every other,
 instead of the few the policy happened to draw again and again.
 
+Token-exact steps. With ``logprobs`` (the default) each request asks for the sampled tokens' logprobs and, as
+vLLM's ``return_tokens_as_token_ids: true``, for each token as ``"token_id:N"``: a sample then carries the
+engine's token ids (``completion_token_ids``, EOS included where the engine returned it) beside one logprob per
+token. Which distribution those logprobs are of (``logprobs_mode``) and how the answer was drawn (``draw``) come
+from the response where the endpoint says so (HALO's chat server: ``halo_logprobs_mode`` and ``halo_draw`` on
+each choice); otherwise the mode is the ``logprobs_mode`` option (``processed_logprobs`` by default, what HALO's
+chat server and ``halo-train serve``'s vLLM report; set ``raw_logprobs`` for a vLLM started without
+``--logprobs-mode processed_logprobs``) and the draw follows from the request: ``masked_choice`` for a guided
+choice, else ``greedy`` at temperature 0 and ``sample`` above. An endpoint that refuses the token-id field
+(OpenAI's) is asked again without it, and its samples carry no token ids.
+
 Each call asks for ``n`` samples: the first is the action, all of them are in
 ``last_samples`` (for the ``candidates`` table). 429s, 5xx, timeouts and
 connection failures are retried with exponential backoff; what still fails comes
@@ -62,6 +73,9 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 # Request parameters some endpoints refuse (reasoning models: logprobs, max_tokens; some servers: seed, n).
 _OPTIONAL_PARAMS = ("logprobs", "seed", "max_tokens")
+# vLLM's request field for tokens as "token_id:N" (sent in the body; OpenAI refuses it as unrecognised).
+TOKEN_IDS_PARAM = "return_tokens_as_token_ids"
+TOKEN_ID_PREFIX = "token_id:"
 
 _SEMAPHORES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _SEMAPHORES_LOCK = threading.Lock()
@@ -145,6 +159,7 @@ class OpenAIPolicy:
         constrain_actions: bool = False,
         choice_labels: bool = False,
         cover_choices: bool = False,
+        logprobs_mode: str = "processed_logprobs",
         **_ignored: Any,
     ) -> None:
         import openai
@@ -199,6 +214,12 @@ class OpenAIPolicy:
         if cover_choices and not constrain_actions:
             raise PolicyConfigError("cover_choices covers the choices of constrained decoding: set constrain_actions too")
         self.cover_choices = cover_choices
+        from halo_data.schema import LOGPROBS_MODES
+
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise PolicyConfigError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)} (the engine's "
+                                    f"--logprobs-mode), got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         self._dropped_params: set[str] = set()
         self._slot = _concurrency_slot(self.base_url, self.max_concurrent)
         # Retries are ours (counted, with our backoff), so the client's own are off.
@@ -236,6 +257,7 @@ class OpenAIPolicy:
             "constrain_actions": self.constrain_actions,
             "choice_labels": self.choice_labels,
             "cover_choices": self.cover_choices,
+            "logprobs_mode": self.logprobs_mode,
         }
 
     # ------------------------------------------------------------------ policy protocol
@@ -258,7 +280,7 @@ class OpenAIPolicy:
         except PolicyAPIError as e:
             self.last_samples = []
             return PolicyOutput(model_output=None, action=None, api_error=str(e), latency_ms=_ms(started))
-        samples = self._samples(response, obs, _ms(started))
+        samples = self._samples(response, obs, _ms(started), choices)
         if not samples:
             self.last_samples = []
             return PolicyOutput(model_output=None, action=None, api_error="the endpoint returned no choices", latency_ms=_ms(started))
@@ -271,8 +293,9 @@ class OpenAIPolicy:
         self.last_samples = samples
         return samples[0]
 
-    def _samples(self, response: Any, obs: Observation, latency: float) -> list[PolicyOutput]:
-        """One PolicyOutput per choice of ``response``; the call's cost on the first."""
+    def _samples(self, response: Any, obs: Observation, latency: float, choices: list[str] | None = None) -> list[PolicyOutput]:
+        """One PolicyOutput per choice of ``response``, with its tokens where the endpoint gave them; the call's cost
+        on the first. ``choices``: the guided choice's answers the request was constrained to."""
         usage = getattr(response, "usage", None)
         prompt_tokens, completion_tokens = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
         cost = estimate_cost(self.request_model, prompt_tokens, completion_tokens)
@@ -281,7 +304,7 @@ class OpenAIPolicy:
         for choice in response.choices or []:
             text = _choice_text(choice)
             action, error = self.parse(text, obs, viewport)
-            token_logprobs = _choice_logprobs(choice)
+            token_logprobs, token_ids = _choice_logprobs(choice)
             samples.append(
                 PolicyOutput(
                     model_output=self._scrub(text),
@@ -295,6 +318,10 @@ class OpenAIPolicy:
                     cost_usd=cost if not samples else 0.0,  # one call, whatever its n: its cost on the first sample
                     logprobs=token_logprobs,
                     logprob_sum=float(sum(token_logprobs)) if token_logprobs else None,
+                    completion_token_ids=token_ids,
+                    logprobs_mode=(_extra(choice, "halo_logprobs_mode") or self.logprobs_mode) if token_logprobs else None,
+                    draw=_extra(choice, "halo_draw") or self._draw(choices),
+                    choices=list(choices) if choices is not None else None,
                 )
             )
         return samples
@@ -312,7 +339,7 @@ class OpenAIPolicy:
 
         def forced(choice: str) -> PolicyOutput:
             response = self._complete(messages, obs.step_idx, [choice], n=1)
-            got = self._samples(response, obs, 0.0)
+            got = self._samples(response, obs, 0.0, [choice])
             if not got:
                 raise PolicyAPIError("the endpoint returned no choices")
             return got[0]
@@ -323,6 +350,12 @@ class OpenAIPolicy:
         cost = sum(s.cost_usd or 0.0 for s in [action, *scored]) if action.cost_usd is not None else None
         first = dataclasses.replace(action, latency_ms=_ms(started), cost_usd=cost)
         return [first, *(dataclasses.replace(s, cost_usd=0.0, latency_ms=0.0) for s in ranked)]
+
+    def _draw(self, choices: list[str] | None) -> str:
+        """How the endpoint drew an answer, from the request, where it does not say (vLLM)."""
+        if choices is not None:
+            return "masked_choice"  # vLLM's guided choice: the grammar masks each decoding step
+        return "greedy" if self.temperature == 0 else "sample"
 
     def chat(self, messages: list[dict[str, Any]], step_idx: int = 0) -> ChatAnswer:
         """One completion of ``messages`` (text only) with this policy's endpoint, retries and settings.
@@ -394,6 +427,8 @@ class OpenAIPolicy:
             params["max_tokens"] = self.max_tokens
         if self.want_logprobs and "logprobs" not in self._dropped_params:
             params["logprobs"] = True
+            if TOKEN_IDS_PARAM not in self._dropped_params:
+                params["extra_body"] = {**params.get("extra_body", {}), TOKEN_IDS_PARAM: True}
         if self._seed is not None and "seed" not in self._dropped_params:
             # A per-step seed: the same episode seed replays the same samples where the endpoint honours seeds.
             digest = hashlib.sha256(f"{self._seed}\x1f{step_idx}".encode()).digest()
@@ -445,6 +480,8 @@ class OpenAIPolicy:
 
     def _unsupported_param(self, error: Exception, params: dict[str, Any]) -> str | None:
         message = str(getattr(error, "message", error)).lower()
+        if TOKEN_IDS_PARAM in params.get("extra_body", {}) and TOKEN_IDS_PARAM in message:
+            return TOKEN_IDS_PARAM  # OpenAI: "Unrecognized request argument supplied: return_tokens_as_token_ids"
         for name in _OPTIONAL_PARAMS:
             if name in params and name not in self._dropped_params and name in message and (
                 "unsupported" in message or "not supported" in message or "does not support" in message
@@ -497,9 +534,32 @@ def _choice_text(choice: Any) -> str | None:
     return content
 
 
-def _choice_logprobs(choice: Any) -> list[float] | None:
+def _choice_logprobs(choice: Any) -> tuple[list[float] | None, list[int] | None]:
+    """A choice's per-token logprobs, and its token ids where every token came as ``"token_id:N"`` (else None)."""
     logprobs = getattr(choice, "logprobs", None)
     content = getattr(logprobs, "content", None) if logprobs is not None else None
     if not content:
-        return None
-    return [float(t.logprob) for t in content]
+        return None, None
+    return [float(t.logprob) for t in content], token_ids(t.token for t in content)
+
+
+def token_ids(tokens: Any) -> list[int] | None:
+    """``["token_id:12", "token_id:7"]`` -> ``[12, 7]``; None if any token is not in that form (an endpoint that
+    returns token text: the ids are unknown, never guessed by tokenising the text again)."""
+    ids = []
+    for token in tokens:
+        if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
+            return None
+        number = token[len(TOKEN_ID_PREFIX):]
+        if not number.isdigit():
+            return None
+        ids.append(int(number))
+    return ids
+
+
+def _extra(choice: Any, name: str) -> Any:
+    """A field the OpenAI schema does not have (HALO's ``halo_draw``), as the client keeps it."""
+    value = getattr(choice, name, None)
+    if value is None:
+        value = (getattr(choice, "model_extra", None) or {}).get(name)
+    return value

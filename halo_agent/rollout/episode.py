@@ -156,7 +156,8 @@ class EpisodeRunner:
             path = StatePath.from_steps(ep.spec.task, ep.spec.task_seed, ep.steps, step_idx)
             group = score_candidates(self.env, path, samples, self.rewards)
             rows += group.rows(run_id=self.run_id, env=self.config.env, episode_id=episode.episode_id,
-                               task_id=episode.task_id, prompt=prompt, policy_version=episode.policy_version)
+                               task_id=episode.task_id, prompt=prompt, policy_version=episode.policy_version,
+                               temperature=episode.temperature)
         ep.env_seconds += time.perf_counter() - t0
         return rows
 
@@ -340,6 +341,10 @@ class EpisodeRunner:
             cost_usd=out.cost_usd,
             logprobs=out.logprobs,
             logprob_sum=out.logprob_sum,
+            completion_token_ids=out.completion_token_ids,
+            logprobs_mode=out.logprobs_mode,
+            draw=out.draw,
+            choices=out.choices,
             extra=extra,
         )
 

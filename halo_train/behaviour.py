@@ -1,0 +1,144 @@
+"""The behaviour distribution of a stored step, rebuilt under the current weights: what token-level ratios compare.
+
+A model-generated step stores the tokens the engine drew (``completion_token_ids``), one logprob per token
+(``logprobs``) and which distribution those are of (``logprobs_mode``, ``draw``, the step's ``temperature``
+and, for a guided choice, its ``choices``; see ``halo_data.schema``). A trainer's importance ratio is only
+1 before its first update if it scores the same tokens under the same distribution:
+
+    processed_logprobs + masked_choice   the allowed tokens' logits at the temperature, renormalised over the
+                                         tokens that continue a choice (vLLM's grammar mask); a token every
+                                         remaining choice shares is forced and has logprob 0
+    processed_logprobs + sample          log softmax(logits / temperature)
+    processed_logprobs + greedy          log softmax(logits) (no temperature at 0, as vLLM)
+    raw_logprobs, sequence_choice        log softmax(logits): the model's raw distribution
+
+``top_p`` is not rebuilt: a nucleus-truncated draw's processed logprobs are those of the truncated
+distribution, which its ratio here would not equal (the rollouts HALO trains on sample without top_p).
+
+Rows without stored token ids (lakes of an older HALO, endpoints that return token text) are not token-exact:
+``token_exact`` says so and trainers keep their older behaviour for them (a re-tokenised completion and, where
+stored, a sequence-level ratio against ``logprob_sum``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+# A finite stand-in for -inf where a masked position's allowed tokens are padded: logsumexp over it stays
+# finite and its gradient is 0 (true -inf gives NaN gradients through torch.where).
+_NEG = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """How one stored completion was drawn, as a trainer needs it."""
+
+    token_ids: list[int]  # the engine's tokens
+    logprobs: list[float]  # one per token, of the distribution below
+    temperature: float  # the softmax temperature of that distribution (1 for raw logprobs)
+    choices: list[str] | None  # a masked_choice draw's allowed answers (None: no mask)
+
+
+def token_exact(row: Mapping[str, Any]) -> Behaviour | None:
+    """The stored completion's behaviour (columns ``completion_token_ids``, ``token_logprobs`` or ``logprobs``,
+    ``logprobs_mode``, ``draw``, ``choices``, ``temperature``), or None for a row without one logprob per stored token."""
+    ids = row.get("completion_token_ids")
+    logprobs = row.get("token_logprobs", row.get("logprobs"))
+    if not ids or logprobs is None or len(ids) != len(logprobs):
+        return None
+    mode, draw = row.get("logprobs_mode"), row.get("draw")
+    temperature = row.get("temperature")
+    processed = mode == "processed_logprobs"
+    masked = processed and draw == "masked_choice" and bool(row.get("choices"))
+    scaled = processed and draw in ("masked_choice", "sample") and temperature is not None and float(temperature) > 0
+    return Behaviour(
+        token_ids=[int(t) for t in ids],
+        logprobs=[float(v) for v in logprobs],
+        temperature=float(temperature) if scaled else 1.0,
+        choices=list(row["choices"]) if masked else None,
+    )
+
+
+def choice_token_ids(tokenizer, choices: Sequence[str]) -> list[list[int]]:
+    """Each choice as HALO's chat server tokenises it for a guided choice: its tokens, then EOS."""
+    eos = tokenizer.eos_token_id
+    return [list(tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
+
+
+def allowed_tokens(completion: Sequence[int], choices: Sequence[Sequence[int]]) -> list[list[int]]:
+    """For each position of ``completion``, the tokens the grammar mask allowed there: the next token of every
+    choice that shares the completion's prefix so far (the drawn token first, always among them)."""
+    out = []
+    for j, token in enumerate(completion):
+        prefix = list(completion[:j])
+        allowed = [int(token)]
+        for c in choices:
+            if len(c) > j and list(c[:j]) == prefix and c[j] not in allowed:
+                allowed.append(int(c[j]))
+        out.append(allowed)
+    return out
+
+
+def processed_token_logps(logits, targets, temperature, allowed=None):
+    """log p(target) under the behaviour distribution, per position.
+
+    ``logits`` (B, T, V) predict ``targets`` (B, T); ``temperature`` (B,); ``allowed`` (B, T, K) token ids padded
+    with -1, all -1 at a position without a mask (None: no mask anywhere). At a masked position the distribution
+    is the allowed tokens' logits over the temperature, renormalised over them alone.
+    """
+    import torch
+
+    scaled = logits / temperature.to(logits.dtype)[:, None, None]
+    target_logit = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    norm = torch.logsumexp(scaled, dim=-1)
+    if allowed is not None and allowed.numel() and bool((allowed >= 0).any()):
+        valid = allowed >= 0
+        picked = scaled.gather(-1, allowed.clamp(min=0)).masked_fill(~valid, _NEG)
+        norm = torch.where(valid.any(-1), torch.logsumexp(picked, dim=-1), norm)
+    return target_logit - norm
+
+
+def pad_allowed(rows: Sequence[Sequence[Sequence[int]] | None], width: int):
+    """Per row, per target position (``width`` of them), the allowed tokens -> a (B, width, K) tensor padded with -1."""
+    import torch
+
+    k = max((len(a) for r in rows if r for a in r), default=0)
+    out = torch.full((len(rows), width, max(k, 1)), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        for j, allowed in enumerate(r or ()):
+            if allowed:
+                out[i, j, : len(allowed)] = torch.tensor(allowed, dtype=torch.long)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A stored completion as a trainer feeds it: its token ids and, where token-exact, the behaviour of each."""
+
+    token_ids: list[int]
+    behaviour: Behaviour | None  # None: not token-exact (older rows); token_ids are then a re-tokenisation
+    allowed: list[list[int]] | None  # per token, the tokens a masked_choice draw allowed there (None: no mask)
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        return self.behaviour.logprobs[: len(self.token_ids)] if self.behaviour is not None else None
+
+    @property
+    def temperature(self) -> float:
+        return self.behaviour.temperature if self.behaviour is not None else 1.0
+
+
+def stored_completion(tokenizer, row: Mapping[str, Any], text: str | None, max_tokens: int, eos: int | None = None) -> Completion:
+    """``row``'s stored tokens (cut to ``max_tokens``) with their behaviour; for a row that is not token-exact,
+    ``text`` tokenised and ``eos`` (the tokenizer's EOS by default) appended, as trainers did before token ids
+    were stored."""
+    behaviour = token_exact(row)
+    if behaviour is None:
+        ids = list(tokenizer(text or "", add_special_tokens=False)["input_ids"])[: max_tokens - 1]
+        return Completion(ids + [tokenizer.eos_token_id if eos is None else eos], None, None)
+    ids = behaviour.token_ids[:max_tokens]
+    allowed = None
+    if behaviour.choices is not None:
+        allowed = allowed_tokens(ids, choice_token_ids(tokenizer, behaviour.choices))
+    return Completion(ids, behaviour, allowed)

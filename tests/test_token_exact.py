@@ -1,0 +1,166 @@
+"""Token-exact steps: the engine's token ids and per-token logprobs land in the lake, and the trainers score them.
+
+The ratio-is-one test runs real rollouts through HALO's chat server (a tiny model, a guided choice drawn under
+the grammar mask and plain sampling, at a temperature other than 1) into a tmp lake, then the GRPO trainer's
+ratio computation on the stored rows: before any update every token-level ratio is 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from halo_data import schema as S
+from halo_data.lake import Lake
+from halo_data.records import RecordError, StepRecord
+from test_lake import make_older_lake
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+TEMPERATURE = 0.7  # not 1: a trainer that forgets the temperature cannot pass
+
+
+# ------------------------------------------------------------------------------------------ the record
+
+
+def test_a_step_keeps_one_logprob_per_token_and_names_its_distribution():
+    step = StepRecord(step_idx=0, model_output="click('12')", completion_token_ids=[5, 9, 2], logprobs=[-0.5, 0.0, -1.25],
+                      logprobs_mode="processed_logprobs", draw="masked_choice", choices=["click('12')", "click('13')"])
+    row = step.row()
+    assert (row["completion_token_ids"], row["logprobs"], row["logprobs_mode"], row["draw"], row["choices"]) == (
+        [5, 9, 2], [-0.5, 0.0, -1.25], "processed_logprobs", "masked_choice", ["click('12')", "click('13')"])
+    with pytest.raises(RecordError, match=r"'completion_token_ids' \(3\) and 'logprobs' \(2\) must have one logprob per token"):
+        StepRecord(step_idx=0, completion_token_ids=[5, 9, 2], logprobs=[-0.5, 0.0])
+    with pytest.raises(RecordError, match="'draw' must be one of masked_choice, sequence_choice, sample, greedy, got 'beam'"):
+        StepRecord(step_idx=0, draw="beam")
+    with pytest.raises(RecordError, match="'completion_token_ids' must be a list of token ids"):
+        StepRecord(step_idx=0, completion_token_ids=["5"])
+
+
+def test_an_older_lake_reads_the_token_columns_as_null(tmp_path):
+    root = tmp_path / "lake"
+    make_older_lake(root)
+    got = Lake.open(root).query_arrow(
+        "select completion_token_ids, logprobs_mode, draw, choices from steps order by step_idx").to_pylist()
+    assert got == [{"completion_token_ids": None, "logprobs_mode": None, "draw": None, "choices": None}] * 2
+    assert {c.name for c in S.TOKEN_COLUMNS} <= set(S.CANDIDATES.column_names)
+
+
+def test_token_id_strings_parse_and_token_text_gives_no_ids():
+    from halo_agent.policies.openai_policy import token_ids
+
+    assert token_ids(["token_id:12", "token_id:0", "token_id:151645"]) == [12, 0, 151645]
+    assert token_ids(["click", "token_id:3"]) is None  # an endpoint that returns text: the ids are unknown
+    assert token_ids(["token_id:-1"]) is None
+
+
+# ------------------------------------------------------------------------------------- the trainer's math
+
+
+def test_the_masked_token_logprobs_are_the_servers_masked_draw():
+    from halo_agent.policies.hf_policy import masked_choice_logprobs
+    from halo_train.behaviour import allowed_tokens, pad_allowed, processed_token_logps
+
+    torch.manual_seed(0)
+    choices = [[4, 7, 1, 0], [4, 7, 2, 0], [4, 3, 0], [5, 0]]  # shared prefixes, then where they part
+    # One context per prefix: choices that share a prefix see the same logits there, as the model gives them.
+    at_prefix = {}
+    logits = torch.stack([torch.stack([at_prefix.setdefault(tuple(c[:j]), torch.randn(9)) for j in range(4)]) for c in choices])
+    raw = logits.log_softmax(-1)
+    per_token = [[float(raw[i, j, t]) for j, t in enumerate(c)] for i, c in enumerate(choices)]
+    expected = masked_choice_logprobs(choices, per_token, TEMPERATURE)
+    targets = torch.tensor([c + [0] * (4 - len(c)) for c in choices])
+    allowed = pad_allowed([allowed_tokens(c, choices) for c in choices], 4)
+    got = processed_token_logps(logits, targets, torch.full((4,), TEMPERATURE), allowed)
+    for i, c in enumerate(choices):
+        assert float(got[i, : len(c)].sum()) == pytest.approx(expected[i], abs=1e-5)
+    assert float(got[0, 3]) == 0.0 and float(got[3, 1]) == 0.0  # tokens every remaining choice shares are forced
+    assert sum(math.exp(v) for v in expected) == pytest.approx(1.0)
+    # Unmasked positions: the softmax at the temperature.
+    plain = processed_token_logps(logits, targets, torch.full((4,), TEMPERATURE), None)
+    assert torch.allclose(plain, (logits / TEMPERATURE).log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1))
+
+
+# --------------------------------------------------------------------------- the ratio-is-one test, end to end
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny model served by HALO's chat server, and its folder."""
+    from halo_agent.chat_server import ChatCompletionServer
+    from halo_agent.policies.hf_policy import LocalChatModel
+    from halo_train.tiny_model import build_tiny_model
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    with ChatCompletionServer(LocalChatModel(folder, device="cpu"), served_model_name="tiny") as server:
+        yield server, str(folder)
+    torch.set_num_threads(previous)
+
+
+def _rollout(server, lake: str, run_id: str, constrain: bool, candidates: int = 0):
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+
+    return run_rollouts(RolloutConfig(
+        env="miniwob", tasks=["click-button"], rollouts_per_task=2, policy="openai", model="tiny", temperature=TEMPERATURE,
+        policy_options={"base_url": server.url, "max_tokens": 12, "constrain_actions": constrain},
+        candidates_per_state=candidates, observation="elements", max_steps=2, seed=3, task_seed=3,
+        lake=lake, run_id=run_id, progress=False,
+    ))
+
+
+def _ratios(model, tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GRPO trainer's token-level ratios over each row's completion tokens, and its old sequence ratios."""
+    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
+
+    exact = [tokenize_member(tokenizer, r["prompt"], r["completion"], 256, r) for r in rows]
+    batch = pad_members(exact, tokenizer.pad_token_id)
+    with torch.no_grad():
+        token_logps, mask = behaviour_token_logps(model, batch)
+        ratios = torch.exp(token_logps - batch["token_logprobs"])[mask.bool()]
+        # What the trainer did before token ids: the raw softmax of the re-tokenised text against logprob_sum.
+        legacy = pad_members([tokenize_member(tokenizer, r["prompt"], r["completion"], 256) for r in rows], tokenizer.pad_token_id)
+        raw, legacy_mask = behaviour_token_logps(model, legacy)
+        sequence = (raw * legacy_mask).sum(-1)
+        n_tokens = legacy_mask.sum(-1)
+        old = torch.exp((sequence - torch.tensor([r["logprob_sum"] for r in rows])) / n_tokens)
+    assert bool(batch["has_token_logprobs"].all())
+    return ratios, old
+
+
+@pytest.mark.slow
+def test_every_token_ratio_is_one_before_the_first_update_under_the_masked_draw_and_plain_sampling(served, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from halo_train.data import read_view
+    from halo_train.grpo import MEMBERS_SQL, STATE_MEMBERS_SQL
+
+    server, folder = served
+    lake = str(tmp_path / "lake")
+    _rollout(server, lake, "masked", constrain=True, candidates=2)
+    _rollout(server, lake, "sampled", constrain=False)
+    steps = Lake.open(lake).query_arrow(
+        "select run_id, draw, logprobs_mode, temperature, len(completion_token_ids) = len(logprobs) as aligned, choices "
+        "from steps").to_pylist()
+    assert {(s["run_id"], s["draw"], s["logprobs_mode"], s["temperature"], s["aligned"]) for s in steps} == {
+        ("masked", "masked_choice", "processed_logprobs", TEMPERATURE, True),
+        ("sampled", "sample", "processed_logprobs", TEMPERATURE, True)}
+    assert all((s["choices"] is not None) == (s["run_id"] == "masked") for s in steps)
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    rows = read_view(lake, "grpo_groups", where="level = 'episode'", sql=MEMBERS_SQL).table.to_pylist()
+    candidates = read_view(lake, "state_groups", sql=STATE_MEMBERS_SQL).table.to_pylist()
+    assert candidates and all(c["draw"] == "masked_choice" for c in candidates)
+    worst = {}
+    for draw in ("masked_choice", "sample"):
+        of_draw = [r for r in rows if r["draw"] == draw] + [c for c in candidates if c["draw"] == draw]
+        ratios, old = _ratios(model, tokenizer, of_draw)
+        worst[draw] = float((ratios - 1).abs().max())
+        print(f"{draw}: {len(of_draw)} completions, {ratios.numel()} tokens, max |ratio - 1| = {worst[draw]:.2e}; "
+              f"the old sequence ratio: max |r - 1| = {float((old - 1).abs().max()):.2e}")
+        assert worst[draw] < 1e-4, draw
+        # The old comparison (a raw whole-sequence logprob against the drawn distribution's) is not 1.
+        assert float((old - 1).abs().max()) > 1e-3, draw
