@@ -293,6 +293,9 @@ MCTS_NODES = TableSpec(
         C("reproducible", pa.bool_(), "False when replaying the prefix did not give the recorded states: never trained on."),
         C("restore_error", pa.string(), "Why the node did not reproduce."),
         C("policy_version", pa.string(), "Policy that sampled the actions."),
+        C("logprobs", pa.list_(pa.float64()), LOGPROBS_DOC),
+        *TOKEN_COLUMNS,
+        C("temperature", pa.float64(), "Sampling temperature of the call that drew model_output."),
     ),
 )
 

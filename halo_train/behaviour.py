@@ -50,7 +50,9 @@ def token_exact(row: Mapping[str, Any]) -> Behaviour | None:
     mode, draw = row.get("logprobs_mode"), row.get("draw")
     temperature = row.get("temperature")
     processed = mode == "processed_logprobs"
-    masked = processed and draw == "masked_choice" and bool(row.get("choices"))
+    masked = processed and draw == "masked_choice"
+    if masked and not row.get("choices"):
+        return None  # a masked draw whose choices were not stored: its mask cannot be rebuilt
     scaled = processed and draw in ("masked_choice", "sample") and temperature is not None and float(temperature) > 0
     return Behaviour(
         token_ids=[int(t) for t in ids],
@@ -58,6 +60,12 @@ def token_exact(row: Mapping[str, Any]) -> Behaviour | None:
         temperature=float(temperature) if scaled else 1.0,
         choices=list(row["choices"]) if masked else None,
     )
+
+
+def is_raw(behaviour: Behaviour) -> bool:
+    """Are the logprobs those of the model's raw softmax (no temperature, no mask), the distribution a trainer
+    that scores plain log pi (DPO's references) compares them with?"""
+    return behaviour.temperature == 1.0 and behaviour.choices is None
 
 
 def choice_token_ids(tokenizer, choices: Sequence[str]) -> list[list[int]]:

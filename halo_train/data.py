@@ -201,7 +201,8 @@ def dpo_dataset(table: pa.Table):
     """Conversational preference rows (prompt, chosen, rejected) for TRL's DPOTrainer, with stored logprobs where the view has them."""
     _warn_images(table.column("prompt"))
     stored = [c for c in STORED_LOGPROB_COLUMNS if c in table.column_names]
-    ds = to_dataset(table.select(["prompt", "chosen", "rejected", *(stored if len(stored) == 2 else [])]))
+    token_ids = [c for c in ("chosen_token_ids", "rejected_token_ids") if c in table.column_names]
+    ds = to_dataset(table.select(["prompt", "chosen", "rejected", *(stored if len(stored) == 2 else []), *token_ids]))
     return ds.map(
         lambda row: {
             "prompt": prompt_messages(row["prompt"]),

@@ -28,9 +28,12 @@ One epoch, top to bottom:
    the end, so a per-turn critic credits the turns, where one episode-level baseline would not.
 4. Loss, ``--ppo-epochs`` passes over the batch in minibatches of ``--batch-size``:
    ratio_i = exp(log pi_theta(token_i) - log pi_old(token_i)) per completion token, against the
-   logprobs stored at rollout time (recomputed with the current weights where a step has none or
-   they do not align with the re-tokenized completion, and for the end-of-turn token the engine does
-   not report); policy loss -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) averaged over tokens;
+   logprobs stored at rollout time. A token-exact step (stored ``completion_token_ids``) is scored on
+   those ids under the distribution its logprobs are of (``halo_train.behaviour``: the softmax at the
+   sampling temperature; a guided choice's masked, renormalised one), so every ratio starts at 1.
+   Steps of older lakes keep the earlier behaviour: the completion re-tokenised with the end-of-turn
+   token appended, the raw softmax, and the current weights' logprobs where a step has none or they do
+   not align with the re-tokenized completion (and for the end-of-turn token); policy loss -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) averaged over tokens;
    value loss 0.5 (V - R)^2 (clipped around the old value by ``--clip-range-value``); an entropy
    bonus ``--entropy-coef`` x the mean token entropy; with ``--kl-coef`` > 0 a KL penalty to the
    base model (the adapter disabled; the k3 estimator).
@@ -66,7 +69,8 @@ VALUE_HEAD_FILE = "value_head.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 
 STEPS_SQL = """
-SELECT run_id, episode_id, step_idx, prompt, model_output, logprobs, r_success, success, is_last
+SELECT run_id, episode_id, step_idx, prompt, model_output, logprobs, r_success, success, is_last,
+    completion_token_ids, logprobs_mode, draw, choices, temperature
 FROM steps
 WHERE prompt IS NOT NULL AND model_output IS NOT NULL {where}
 ORDER BY run_id, episode_id, step_idx
@@ -189,6 +193,8 @@ class Turn:
     reward: float
     last: bool
     correct: bool
+    temperature: float = 1.0  # of the distribution behaviour_logprobs are of (halo_train.behaviour)
+    allowed: list[list[int]] | None = None  # a masked draw's allowed tokens at each completion token
     old_logprobs: list[float] = dataclasses.field(default_factory=list)
     ref_logprobs: list[float] = dataclasses.field(default_factory=list)
     old_value: float = 0.0
@@ -200,7 +206,9 @@ class Turn:
 
 
 def turns_from_rows(rows: list[dict[str, Any]], tokenizer) -> list[Turn]:
-    """Tokenized turns from ``steps`` rows (ordered by episode and step)."""
+    """Tokenized turns from ``steps`` rows (ordered by episode and step): a token-exact step's stored ids and
+    logprobs, else (older lakes) the re-tokenised completion and the stored logprobs where they align."""
+    from halo_train.behaviour import stored_completion
     from halo_train.data import chat_text, prompt_messages
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else tokenizer.eos_token_id
@@ -208,12 +216,15 @@ def turns_from_rows(rows: list[dict[str, Any]], tokenizer) -> list[Turn]:
     for row in rows:
         messages = prompt_messages(row["prompt"])
         prompt_ids = tokenizer(chat_text(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(row["model_output"], add_special_tokens=False)["input_ids"] + [eos]
-        stored = list(row["logprobs"] or [])
-        aligned = len(stored) == len(completion_ids) - 1
-        behaviour = [*stored, None] if aligned else [None] * len(completion_ids)
-        turns.append(Turn(row["episode_id"], prompt_ids, completion_ids, behaviour, float(row["r_success"] or 0.0),
-                          bool(row["is_last"]), bool(row["success"])))
+        completion = stored_completion(tokenizer, row, row["model_output"], 1 << 30, eos=eos)
+        if completion.behaviour is not None:
+            behaviour: list[float | None] = list(completion.logprobs)
+        else:
+            stored = list(row["logprobs"] or [])
+            aligned = len(stored) == len(completion.token_ids) - 1
+            behaviour = [*stored, None] if aligned else [None] * len(completion.token_ids)
+        turns.append(Turn(row["episode_id"], prompt_ids, completion.token_ids, behaviour, float(row["r_success"] or 0.0),
+                          bool(row["is_last"]), bool(row["success"]), completion.temperature, completion.allowed))
     return turns
 
 
@@ -253,8 +264,11 @@ def _batch(turns: list[Turn], pad_id: int, device):
 
 
 def forward(model, value_head, turns: list[Turn], pad_id: int, with_values: bool = True):
-    """Per turn: completion-token logprobs, entropies (lists of tensors) and V(prompt) (a tensor)."""
+    """Per turn: completion-token logprobs under the turn's behaviour distribution (``halo_train.behaviour``),
+    entropies of the raw distribution (lists of tensors) and V(prompt) (a tensor)."""
     import torch
+
+    from halo_train.behaviour import pad_allowed, processed_token_logps
 
     device = next(model.parameters()).device
     ids, mask = _batch(turns, pad_id, device)
@@ -266,7 +280,12 @@ def forward(model, value_head, turns: list[Turn], pad_id: int, with_values: bool
         step_logits = logits[i, start - 1 : end - 1]  # position p predicts token p + 1
         log_softmax = step_logits.log_softmax(-1)
         target = ids[i, start:end]
-        logprobs.append(log_softmax.gather(-1, target.unsqueeze(-1)).squeeze(-1))
+        if t.temperature == 1.0 and t.allowed is None:
+            logprobs.append(log_softmax.gather(-1, target.unsqueeze(-1)).squeeze(-1))
+        else:
+            allowed = pad_allowed([t.allowed], len(target)).to(device) if t.allowed is not None else None
+            temperature = torch.tensor([t.temperature], device=device)
+            logprobs.append(processed_token_logps(step_logits[None], target[None], temperature, allowed)[0])
         entropies.append(-(log_softmax.exp() * log_softmax).sum(-1))
         if with_values:
             last_hidden.append(out.hidden_states[-1][i, start - 1])

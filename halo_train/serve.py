@@ -96,7 +96,9 @@ def vllm_max_lora_rank(ranks: list[int]) -> int:
 
 
 def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
-    """``vllm serve`` with LoRA on: the adapters preloaded, and room for ``runtime_loras`` more loaded at runtime.
+    """``vllm serve`` with LoRA on: the adapters preloaded, and room for ``runtime_loras`` more loaded at runtime;
+    logprobs of the distribution each token was drawn from (``--logprobs-mode processed_logprobs``, what the
+    ``openai`` policy records for vLLM and HALO's chat server reports), unless ``extra_args`` say otherwise.
 
     The one place HALO builds vLLM's command line (``halo-train serve`` and ``online-grpo --serve``); it runs
     with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``engine_process``).
@@ -104,6 +106,8 @@ def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
     ranks = [adapter_rank(path) for path in spec.adapters.values()] + [int(r) for r in spec.runtime_ranks]
     command = [executable, "serve", spec.base_model, "--host", spec.host, "--port", str(spec.port), "--enable-lora",
                "--max-loras", str(len(spec.adapters) + spec.runtime_loras), "--max-lora-rank", str(vllm_max_lora_rank(ranks))]
+    if not any(a == "--logprobs-mode" or a.startswith("--logprobs-mode=") for a in spec.extra_args):
+        command += ["--logprobs-mode", "processed_logprobs"]
     if spec.adapters:
         command += ["--lora-modules", *(f"{name}={path}" for name, path in spec.adapters.items())]
     return command + list(spec.extra_args)

@@ -142,7 +142,8 @@ args = sys.argv[1:]
 with open({record!r}, "w") as f:
     json.dump({{"argv": args, "runtime_lora": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
                "pid": os.getpid(), "pgid": os.getpgid(0)}}, f)
-flags = {{"--host": 1, "--port": 1, "--enable-lora": 0, "--max-loras": 1, "--max-lora-rank": 1, "--max-model-len": 1}}
+flags = {{"--host": 1, "--port": 1, "--enable-lora": 0, "--max-loras": 1, "--max-lora-rank": 1, "--max-model-len": 1,
+         "--logprobs-mode": 1}}
 i = 2
 while i < len(args):  # vLLM's own argument parser refuses what it does not know; so does this one
     if args[i] not in flags:
@@ -181,7 +182,7 @@ def test_serve_starts_vllm_with_runtime_lora_waits_for_it_and_ends_its_process_g
     called = json.loads(record.read_text())
     port = called["argv"][called["argv"].index("--port") + 1]
     assert called["argv"] == ["serve", tiny, "--host", "127.0.0.1", "--port", port, "--enable-lora", "--max-loras", "2",
-                              "--max-lora-rank", "16", "--max-model-len", "2048"]
+                              "--max-lora-rank", "16", "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048"]
     assert called["runtime_lora"] == "True"
     assert called["pgid"] == called["pid"]  # its own process group, which the run ended
     with pytest.raises(ProcessLookupError):
@@ -204,7 +205,8 @@ def test_the_online_vllm_command_line(tmp_path):
     spec = vllm_spec(cfg, 8123)
     assert vllm_command(spec) == [
         "vllm", "serve", str(base), "--host", "127.0.0.1", "--port", "8123", "--enable-lora", "--max-loras", "2",
-        "--max-lora-rank", "32", "--gpu-memory-utilization", "0.8", "--max-model-len", "8192"]
+        "--max-lora-rank", "32", "--logprobs-mode", "processed_logprobs", "--gpu-memory-utilization", "0.8",
+        "--max-model-len", "8192"]
     name, command, env = engine_process(spec)
     assert (name, command, env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]) == ("vllm", vllm_command(spec), "True")
 

@@ -101,6 +101,21 @@ def served(tmp_path_factory):
     torch.set_num_threads(previous)
 
 
+def test_an_endpoint_that_refuses_token_ids_is_asked_again_without_them(served):
+    from halo_agent.policies.openai_policy import OpenAIPolicy
+    from test_openai_policy import FlakyProxy, _observation
+
+    server, _ = served
+    refusal = (400, "Unrecognized request argument supplied: return_tokens_as_token_ids", {})
+    with FlakyProxy(server.url, [refusal]) as proxy:
+        policy = OpenAIPolicy(model="tiny", base_url=proxy.url, max_tokens=4, temperature=TEMPERATURE)
+        out = policy.act(_observation())
+        policy.act(_observation())
+    assert [b.get("return_tokens_as_token_ids") for b in proxy.bodies] == [True, None, None]
+    assert out.api_error is None and out.completion_token_ids is None and len(out.logprobs) == out.completion_tokens
+    assert (out.draw, out.logprobs_mode, out.choices) == ("sample", "processed_logprobs", None)
+
+
 def _rollout(server, lake: str, run_id: str, constrain: bool, candidates: int = 0):
     from halo_agent.rollout import RolloutConfig, run_rollouts
 
@@ -164,3 +179,75 @@ def test_every_token_ratio_is_one_before_the_first_update_under_the_masked_draw_
         assert worst[draw] < 1e-4, draw
         # The old comparison (a raw whole-sequence logprob against the drawn distribution's) is not 1.
         assert float((old - 1).abs().max()) > 1e-3, draw
+
+    # PPO's ratio on the same steps: its old logprobs are the stored ones, its current ones the same distribution's.
+    from halo_train.ppo import forward, read_steps, turns_from_rows
+
+    turns = turns_from_rows(read_steps(lake, None)[0], tokenizer)
+    with torch.no_grad():
+        current, _, _ = forward(model, None, turns, tokenizer.pad_token_id, with_values=False)
+    ppo_worst = max(abs(math.exp(c - b) - 1) for t, lp in zip(turns, current) for c, b in zip(lp.tolist(), t.behaviour_logprobs))
+    print(f"ppo: {len(turns)} steps, max |ratio - 1| = {ppo_worst:.2e}")
+    assert len(turns) == len(steps) and ppo_worst < 1e-4
+
+
+# ------------------------------------------------------------------------------------ DPO's stored references
+
+
+def _logp(model, tokenizer, prompt: str, completion_ids: list[int]) -> float:
+    """log pi(completion_ids | prompt) under ``model``'s raw softmax."""
+    from halo_train.grpo import tokenize_member
+
+    enc = tokenize_member(tokenizer, prompt, "", 256)
+    prompt_ids = enc["input_ids"][:-1]  # without the EOS an empty completion gets
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logps = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
+    return float(sum(logps[len(prompt_ids) - 1 + j, t] for j, t in enumerate(completion_ids)))
+
+
+@pytest.mark.slow
+def test_dpo_scores_stored_token_ids_and_keeps_a_reference_only_of_the_raw_softmax(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from halo_data.runs import RunRecord, upsert_runs
+    from halo_data.writer import append_rows
+    from halo_train import DPOConfig, train_dpo
+    from halo_train.tiny_model import build_tiny_model
+    from test_mcts_views import node, prompt_at
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+    def sampled(tree: str, node_id: str, action: str, q: float, mode: str, draw: str, temperature: float) -> dict:
+        token_ids = list(tokenizer(action, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+        stored = [-0.25] * len(token_ids)  # not the model's: a reference that is used shows in the rewards
+        return {**node("s1", tree, node_id, action=action, q=q, logprob=sum(stored)), "completion_token_ids": token_ids,
+                "logprobs": stored, "logprobs_mode": mode, "draw": draw, "temperature": temperature,
+                "choices": ["click('A')", "click('B')"] if draw == "masked_choice" else None}
+
+    lake = Lake.init(tmp_path / "lake")
+    upsert_runs(lake, [RunRecord(run_id="s1", kind="rollout", mode="mcts", config={"search": {"theta": 0.1}})])
+    append_rows(lake, "mcts_nodes", [
+        node("s1", "raw", "0", visits=3),
+        sampled("raw", "0.0", "click('A')", 0.9, "raw_logprobs", "sample", 1.0),
+        sampled("raw", "0.1", "click('B')", 0.2, "raw_logprobs", "sample", 1.0),
+        node("s1", "masked", "0", visits=3),
+        sampled("masked", "0.0", "click('A')", 0.9, "processed_logprobs", "masked_choice", TEMPERATURE),
+        sampled("masked", "0.1", "click('B')", 0.2, "processed_logprobs", "masked_choice", TEMPERATURE),
+    ])
+    beta = 0.1
+    result = train_dpo(DPOConfig(lake=str(tmp_path / "lake"), base_model=str(folder), output_dir=str(tmp_path / "out"),
+                                 max_steps=2, lr=1e-7, batch_size=1, lora_r=4, lora_alpha=8, beta=beta, source="mcts"))
+    assert result.rows == 2
+    metrics: dict = {}
+    for r in lake.query_arrow(f"select step, metric, value from train_metrics where run_id = '{result.run_id}'").to_pylist():
+        metrics.setdefault(r["step"], {})[r["metric"]] = r["value"]
+    steps = [m for m in metrics.values() if "logps/chosen" in m]
+    # Each pair is scored on its stored ids (the text and EOS, not TRL's tokens of the text and the chat turn's end).
+    stored_ids = list(tokenizer("click('A')", add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    expected = {"raw": _logp(model, tokenizer, prompt_at("0"), stored_ids)}
+    assert sorted(m["logps/chosen"] for m in steps) == pytest.approx([expected["raw"]] * 2, abs=1e-3)
+    rewards = sorted(m["rewards/chosen"] for m in steps)
+    # The raw pair's reference is its stored logprobs; the masked pair's is the base model on the same ids.
+    assert rewards == pytest.approx(sorted([beta * (expected["raw"] + 0.25 * len(stored_ids)), 0.0]), abs=1e-3)

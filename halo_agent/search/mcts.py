@@ -252,7 +252,7 @@ class TreeSearch:
         outcomes = ranking.outcomes or (None,) * len(samples)
         for sample, rank, value, outcome in zip(samples, ranking.ranks, ranking.values, outcomes):
             child = node.add_child(sample.action, model_output=sample.model_output, logprob_sum=sample.logprob_sum,
-                                   critic_rank=rank, q_critic=value)
+                                   critic_rank=rank, q_critic=value, tokens=_tokens(sample, self.policy))
             if outcome is not None:
                 self._land(child, outcome)
                 if child.terminal:
@@ -291,3 +291,9 @@ def _distinct(samples: list[PolicyOutput]) -> list[PolicyOutput]:
         seen.add(key)
         out.append(s)
     return out
+
+
+def _tokens(sample, policy) -> dict[str, Any]:
+    """A sample's tokens and the distribution of their logprobs, as ``mcts_nodes`` stores them."""
+    return dict(completion_token_ids=sample.completion_token_ids, logprobs=sample.logprobs, logprobs_mode=sample.logprobs_mode,
+                draw=sample.draw, choices=sample.choices, temperature=getattr(policy, "temperature", None))

@@ -31,6 +31,8 @@ class Node:
     action: str | None = None
     model_output: str | None = None
     logprob_sum: float | None = None
+    # the sample's tokens and the distribution of their logprobs (halo_data.schema.TOKEN_COLUMNS), where known
+    tokens: dict[str, Any] = dataclasses.field(default_factory=dict)
     critic_rank: int | None = None
     q_critic: float = 0.0
     visits: int = 0
@@ -172,7 +174,7 @@ class Tree:
                 state_hash=n.state_hash, replay_prefix=[a or "" for a in n.prefix()], terminal=n.terminal, reward=n.reward,
                 goal=n.goal, url=n.url, prompt=n.prompt, prompt_hash=ids.sha256_hex(n.prompt) if n.prompt is not None else None,
                 screenshot_hash=n.screenshot_hash, action_error=n.action_error, reproducible=n.reproducible,
-                restore_error=n.restore_error, created_at=created_at,
+                restore_error=n.restore_error, created_at=created_at, **n.tokens,
             )
             for n in self.nodes()
         ]

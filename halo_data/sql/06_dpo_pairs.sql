@@ -1,4 +1,4 @@
--- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state. From search trees (source 'mcts'): mcts_pairs, by default the highest- against the lowest-Q sibling of each node ('all': every pair), with the stored generation logprobs.
+-- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state. From search trees (source 'mcts'): mcts_pairs, by default the highest- against the lowest-Q sibling of each node ('all': every pair), with the stored generation logprobs and the nodes they came from (chosen_node_id, rejected_node_id; NULL for the other sources).
 WITH ranked_steps AS (
     SELECT
         s.run_id,
@@ -109,7 +109,9 @@ mcts_step_pairs AS (
         chosen_q AS chosen_score,
         rejected_q AS rejected_score,
         chosen_logprob_sum,
-        rejected_logprob_sum
+        rejected_logprob_sum,
+        chosen_node_id,
+        rejected_node_id
     FROM mcts_pairs
     QUALIFY
         getvariable('halo_dpo_pairing') = 'all'
