@@ -103,14 +103,16 @@ TOKEN_COLUMNS = (
     C("logprobs_mode", pa.string(),
       "Which distribution logprobs are of: processed_logprobs (the one the engine drew from: masking, temperature "
       "and top_p applied; vLLM's --logprobs-mode processed_logprobs) | raw_logprobs (the model's raw softmax). "
-      "NULL where logprobs are NULL or were written by an older HALO (raw softmax)."),
+      "NULL where the policy reports no logprobs, and in lakes of an older HALO (whose logprobs are the raw softmax)."),
     C("draw", pa.string(),
       "How the completion was drawn: masked_choice (a guided choice drawn token by token under the grammar mask "
       "over choices, as vLLM does) | sequence_choice (a guided choice drawn by whole-sequence probability) | "
       "sample (sampled at the temperature) | greedy (temperature 0). NULL where unknown (older HALO)."),
     C("choices", pa.list_(pa.string()),
       "The answers decoding was constrained to (the guided choice's list, in the order sent), which a trainer "
-      "needs to rebuild a masked_choice draw's mask; NULL for unconstrained decoding."),
+      "needs to rebuild a masked_choice draw's mask; NULL for unconstrained decoding. A covered choice (openai "
+      "policy, cover_choices) carries the page's choices and its tokens, and no logprobs under processed_logprobs: "
+      "its one-choice request forced every token."),
 )
 
 

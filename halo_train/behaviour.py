@@ -9,8 +9,11 @@ and, for a guided choice, its ``choices``; see ``halo_data.schema``). A trainer'
                                          tokens that continue a choice (vLLM's grammar mask); a token every
                                          remaining choice shares is forced and has logprob 0
     processed_logprobs + sample          log softmax(logits / temperature)
-    processed_logprobs + greedy          log softmax(logits) (no temperature at 0, as vLLM)
-    raw_logprobs, sequence_choice        log softmax(logits): the model's raw distribution
+    processed_logprobs + greedy          the same at temperature 1 (a guided choice's still masked), as
+                                         HALO's chat server reports a temperature-0 draw
+    raw_logprobs                         log softmax(logits): the model's raw distribution
+    processed_logprobs + sequence_choice not rebuilt (each token's share of whole-sequence weights): the
+                                         stored ids are scored on-policy, with no importance ratio
 
 ``top_p`` is not rebuilt: a nucleus-truncated draw's processed logprobs are those of the truncated
 distribution, which its ratio here would not equal (the rollouts HALO trains on sample without top_p).
@@ -35,37 +38,45 @@ class Behaviour:
     """How one stored completion was drawn, as a trainer needs it."""
 
     token_ids: list[int]  # the engine's tokens
-    logprobs: list[float]  # one per token, of the distribution below
+    # one per token, of the distribution below; None where no trainer rebuilds that distribution (a sequence_choice
+    # draw's, a masked draw's without its choices): the ids are scored on-policy, with no importance ratio
+    logprobs: list[float] | None
     temperature: float  # the softmax temperature of that distribution (1 for raw logprobs)
-    choices: list[str] | None  # a masked_choice draw's allowed answers (None: no mask)
+    choices: list[str] | None  # the allowed answers of a draw under the guided choice's mask (None: no mask)
 
 
 def token_exact(row: Mapping[str, Any]) -> Behaviour | None:
     """The stored completion's behaviour (columns ``completion_token_ids``, ``token_logprobs`` or ``logprobs``,
-    ``logprobs_mode``, ``draw``, ``choices``, ``temperature``), or None for a row without one logprob per stored token."""
+    ``logprobs_mode``, ``draw``, ``choices``, ``temperature``), or None for a row without stored token ids (or
+    whose logprobs are not one per token)."""
     ids = row.get("completion_token_ids")
     logprobs = row.get("token_logprobs", row.get("logprobs"))
-    if not ids or logprobs is None or len(ids) != len(logprobs):
+    if not ids or (logprobs is not None and len(ids) != len(logprobs)):
         return None
-    mode, draw = row.get("logprobs_mode"), row.get("draw")
-    temperature = row.get("temperature")
-    processed = mode == "processed_logprobs"
-    masked = processed and draw == "masked_choice"
-    if masked and not row.get("choices"):
-        return None  # a masked draw whose choices were not stored: its mask cannot be rebuilt
-    scaled = processed and draw in ("masked_choice", "sample") and temperature is not None and float(temperature) > 0
+    draw, temperature, choices = row.get("draw"), row.get("temperature"), row.get("choices") or None
+    hot = temperature is not None and float(temperature) > 0
+    if row.get("logprobs_mode") != "processed_logprobs":  # raw_logprobs
+        scale, mask, known = 1.0, None, True
+    elif draw == "sample":  # top_p is not rebuilt (see the module docstring)
+        scale, mask, known = float(temperature) if hot else 1.0, None, True
+    elif draw == "masked_choice":
+        scale, mask, known = float(temperature) if hot else 1.0, choices, choices is not None
+    elif draw == "greedy":  # at temperature 0 the distributions at temperature 1, a guided choice's masked
+        scale, mask, known = 1.0, choices, True
+    else:  # sequence_choice: per-token shares of whole-sequence weights, which no trainer rebuilds
+        scale, mask, known = 1.0, None, False
     return Behaviour(
         token_ids=[int(t) for t in ids],
-        logprobs=[float(v) for v in logprobs],
-        temperature=float(temperature) if scaled else 1.0,
-        choices=list(row["choices"]) if masked else None,
+        logprobs=[float(v) for v in logprobs] if known and logprobs is not None else None,
+        temperature=scale,
+        choices=list(mask) if mask is not None else None,
     )
 
 
 def is_raw(behaviour: Behaviour) -> bool:
     """Are the logprobs those of the model's raw softmax (no temperature, no mask), the distribution a trainer
     that scores plain log pi (DPO's references) compares them with?"""
-    return behaviour.temperature == 1.0 and behaviour.choices is None
+    return behaviour.logprobs is not None and behaviour.temperature == 1.0 and behaviour.choices is None
 
 
 def choice_token_ids(tokenizer, choices: Sequence[str]) -> list[list[int]]:
@@ -130,7 +141,10 @@ class Completion:
 
     @property
     def logprobs(self) -> list[float] | None:
-        return self.behaviour.logprobs[: len(self.token_ids)] if self.behaviour is not None else None
+        """The stored logprob of each token, None where there is no ratio to take (see ``Behaviour.logprobs``)."""
+        if self.behaviour is None or self.behaviour.logprobs is None:
+            return None
+        return self.behaviour.logprobs[: len(self.token_ids)]
 
     @property
     def temperature(self) -> float:

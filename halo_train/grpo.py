@@ -338,7 +338,7 @@ def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion
         "completion_mask": [0] * len(prompt_ids) + [1] * len(completion.token_ids),
         "token_logprobs": None, "temperature": None, "allowed": None,  # every row names the same columns
     }
-    if completion.behaviour is not None:
+    if completion.logprobs is not None:
         before = [0.0] * (len(prompt_ids) - 1)  # targets are input_ids[1:]
         encoded["token_logprobs"] = before + completion.logprobs
         encoded["temperature"] = completion.temperature
@@ -679,10 +679,13 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
 
 def _encode_members(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig, vlm: dict[str, Any] | None):
     """One training row per member; returns (rows, how many were longer than --max-length)."""
+    from halo_train.behaviour import token_exact
+
     encoded = []
     dropped = 0
     for r in members:
-        scalars = {"advantage": r["advantage"], "logprob_sum": r["logprob_sum"],
+        # A row with stored token ids is scored token by token (or on-policy), never by its sequence logprob.
+        scalars = {"advantage": r["advantage"], "logprob_sum": r["logprob_sum"] if token_exact(r) is None else None,
                    "episode_reward": r["reward"], "episode_group_std": r["group_std"]}
         if vlm is not None:  # tokenised with its images when the batch is built
             encoded.append({"prompt": r["prompt"], "completion": r["completion"], "screenshot_hash": r["screenshot_hash"], **scalars})

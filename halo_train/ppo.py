@@ -217,8 +217,8 @@ def turns_from_rows(rows: list[dict[str, Any]], tokenizer) -> list[Turn]:
         messages = prompt_messages(row["prompt"])
         prompt_ids = tokenizer(chat_text(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
         completion = stored_completion(tokenizer, row, row["model_output"], 1 << 30, eos=eos)
-        if completion.behaviour is not None:
-            behaviour: list[float | None] = list(completion.logprobs)
+        if completion.behaviour is not None:  # token-exact: its logprobs, or none to compare (on-policy)
+            behaviour: list[float | None] = list(completion.logprobs or [None] * len(completion.token_ids))
         else:
             stored = list(row["logprobs"] or [])
             aligned = len(stored) == len(completion.token_ids) - 1

@@ -38,7 +38,7 @@ from the response where the endpoint says so (HALO's chat server: ``halo_logprob
 each choice); otherwise the mode is the ``logprobs_mode`` option (``processed_logprobs`` by default, what HALO's
 chat server and ``halo-train serve``'s vLLM report; set ``raw_logprobs`` for a vLLM started without
 ``--logprobs-mode processed_logprobs``) and the draw follows from the request: ``masked_choice`` for a guided
-choice, else ``greedy`` at temperature 0 and ``sample`` above. An endpoint that refuses the token-id field
+choice drawn at a temperature, ``greedy`` at temperature 0 (with the choices stored, a guided one), else ``sample``. An endpoint that refuses the token-id field
 (OpenAI's) is asked again without it, and its samples carry no token ids.
 
 Each call asks for ``n`` samples: the first is the action, all of them are in
@@ -330,7 +330,12 @@ class OpenAIPolicy:
                started: float) -> list[PolicyOutput]:
         """``action`` and the page's other choices, each forced by a one-choice request (in parallel, within
         ``max_concurrent``), the most likely first, ``n`` in all. The action's sample carries every call's cost
-        and the whole latency."""
+        and the whole latency.
+
+        A forced choice is stored as a choice of the page's draw (``choices`` the page's, ``draw`` the action's),
+        which is the distribution a trainer scores it under. Under ``processed_logprobs`` its own request's
+        logprobs are those of a one-choice mask (every token forced, 0) and say nothing of that draw: it keeps its
+        token ids and no logprobs, and the others come in the page's order, not the most likely first."""
         from concurrent.futures import ThreadPoolExecutor
 
         others = [c for c in choices if c != action.model_output]
@@ -342,7 +347,10 @@ class OpenAIPolicy:
             got = self._samples(response, obs, 0.0, [choice])
             if not got:
                 raise PolicyAPIError("the endpoint returned no choices")
-            return got[0]
+            sample = dataclasses.replace(got[0], choices=list(choices), draw=action.draw)
+            if sample.logprobs_mode == "processed_logprobs":
+                sample = dataclasses.replace(sample, logprobs=None, logprob_sum=None)
+            return sample
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(others))) as pool:
             scored = list(pool.map(forced, others))
@@ -353,9 +361,9 @@ class OpenAIPolicy:
 
     def _draw(self, choices: list[str] | None) -> str:
         """How the endpoint drew an answer, from the request, where it does not say (vLLM)."""
-        if choices is not None:
-            return "masked_choice"  # vLLM's guided choice: the grammar masks each decoding step
-        return "greedy" if self.temperature == 0 else "sample"
+        if self.temperature == 0:
+            return "greedy"  # a guided choice's too: its choices say it was masked
+        return "masked_choice" if choices is not None else "sample"  # vLLM's guided choice masks each decoding step
 
     def chat(self, messages: list[dict[str, Any]], step_idx: int = 0) -> ChatAnswer:
         """One completion of ``messages`` (text only) with this policy's endpoint, retries and settings.
