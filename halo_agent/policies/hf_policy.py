@@ -573,9 +573,8 @@ class HFPolicy:
                     logprobs=g.logprobs,
                     logprob_sum=float(sum(g.logprobs)),
                     completion_token_ids=list(g.token_ids),
-                    # The engine's generation says which distribution its logprobs are of where it knows.
-                    logprobs_mode=getattr(g, "logprobs_mode", None) or "raw_logprobs",
-                    draw=getattr(g, "draw", None) or ("sample" if self.temperature > 0 else "greedy"),
+                    logprobs_mode=g.logprobs_mode,
+                    draw=g.draw,
                 )
             )
         self.last_samples = samples
