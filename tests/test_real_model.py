@@ -72,3 +72,33 @@ def test_a_lora_step_on_the_model_by_name_changes_its_adapter_weights(tmp_path):
     assert torch.isfinite(loss)
     changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, trainable[n])]
     assert len(changed) == len(trainable)
+
+
+def test_a_rollout_with_the_model_by_name_lands_token_exact_steps(server, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from halo_agent.models import resolve_model
+    from halo_agent.rollout import RolloutConfig, run_rollouts
+    from halo_data.lake import Lake
+    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
+
+    lake = str(tmp_path / "lake")
+    run_rollouts(RolloutConfig(
+        env="miniwob", tasks=["click-button"], policy="openai", model=NAME, temperature=1.0,
+        policy_options={"base_url": server.url, "constrain_actions": True, "max_retries": 0},
+        observation="elements", max_steps=2, seed=0, task_seed=200000, lake=lake, run_id="smollm2", progress=False,
+    ))
+    steps = Lake.open(lake).query_arrow(
+        "select prompt, model_output, completion_token_ids, logprobs, logprobs_mode, draw, choices, temperature "
+        "from steps order by step_idx").to_pylist()
+    assert 1 <= len(steps) <= 2
+    for s in steps:
+        assert len(s["completion_token_ids"]) == len(s["logprobs"]) > 0
+        assert (s["logprobs_mode"], s["draw"]) == ("processed_logprobs", "masked_choice") and s["model_output"] in s["choices"]
+    # The trainer scores the stored tokens under the masked draw: before any update every ratio is 1.
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(resolve_model(NAME)).eval(), AutoTokenizer.from_pretrained(resolve_model(NAME))
+    batch = pad_members([tokenize_member(tokenizer, s["prompt"], s["model_output"], 256, s) for s in steps], tokenizer.pad_token_id)
+    with torch.no_grad():
+        token_logps, mask = behaviour_token_logps(model, batch)
+    ratios = torch.exp(token_logps - batch["token_logprobs"])[mask.bool()]
+    assert float((ratios - 1).abs().max()) < 1e-4
