@@ -71,13 +71,13 @@ ratio (TRL's ``importance_sampling_level="sequence"``: the length-normalised log
 against the raw softmax. Either ratio is clipped to [1 - epsilon, 1 + epsilon_high]
 as in PPO/GRPO: loss_token = -min(r * A, clip(r) * A).
 
-Choices (``--choice-softmax``, state groups). HALO's chat server draws a guided-choice
-answer from the page's choices in proportion to their sequence probabilities,
-renormalised over those choices (vLLM's grammar masks token by token, which this
-approximates); the raw sequence probability also counts text the page never
+Choices (``--choice-softmax``, state groups). A guided-choice answer is drawn from the
+page's choices only; the raw sequence probability also counts text the page never
 offers (on click-button the choices held 0.01-0.9% of the tiny model's raw mass). The
-policy that acts is therefore pi_c(a) = p(a) / sum_a' p(a') over the state's
-candidates, and with ``--choice-softmax`` that is what is trained: each batch holds
+policy that acts is pi_c(a) = p(a) / sum_a' p(a') over the state's candidates, p(a) the
+choice's probability under its draw (token-exact candidates: the masked draw's, from
+their stored ids; older rows: the raw sequence probability), and with
+``--choice-softmax`` that is what is trained: each batch holds
 ``--batch-size`` whole state groups, each candidate's behaviour share comes from
 the group's stored logprob_sums, and one ratio per candidate
 
@@ -323,6 +323,10 @@ def state_members(
 # ---------------------------------------------------------------------------- tokenising
 
 
+# What tokenize_member adds for a token-exact row (None for the others).
+TOKEN_EXACT_KEYS = ("token_logprobs", "temperature", "allowed")
+
+
 def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion_length: int,
                     row: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prompt tokens as the chat template renders them for generation, then the completion: the stored token ids
@@ -336,7 +340,7 @@ def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion
     encoded: dict[str, Any] = {
         "input_ids": prompt_ids + completion.token_ids,
         "completion_mask": [0] * len(prompt_ids) + [1] * len(completion.token_ids),
-        "token_logprobs": None, "temperature": None, "allowed": None,  # every row names the same columns
+        **dict.fromkeys(TOKEN_EXACT_KEYS),  # every row names the same columns
     }
     if completion.logprobs is not None:
         before = [0.0] * (len(prompt_ids) - 1)  # targets are input_ids[1:]
@@ -397,7 +401,8 @@ class GRPOCollator:
         if rows and isinstance(rows[0]["advantage"], list):  # --choice-softmax: each item is one state's group
             import torch
 
-            keys = ("input_ids", "completion_mask", "advantage", "logprob_sum", "episode_reward", "episode_group_std")
+            keys = ("input_ids", "completion_mask", "advantage", "logprob_sum", "episode_reward", "episode_group_std",
+                    *TOKEN_EXACT_KEYS)
             members = [dict(zip(keys, values)) for group in rows for values in zip(*(group[k] for k in keys))]
             index = [g for g, group in enumerate(rows) for _ in group["advantage"]]
             return {**pad_members(members, self.pad_token_id), **self.scalars(members), "group_index": torch.tensor(index)}
@@ -714,7 +719,7 @@ def choice_groups(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig) -> 
         if any(r["logprob_sum"] is None for r in rows):
             unscored += 1
             continue
-        encs = [tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length) for r in rows]
+        encs = [tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length, r) for r in rows]
         if cfg.max_length is not None and any(len(e["input_ids"]) > cfg.max_length for e in encs):
             dropped += 1
             continue
@@ -727,6 +732,8 @@ def choice_groups(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig) -> 
             "logprob_sum": [float(r["logprob_sum"]) - norm for r in rows],
             "episode_reward": [float(r["reward"]) for r in rows],
             "episode_group_std": [float(r["group_std"]) for r in rows],
+            # token-exact candidates: their stored ids are scored under their draw's distribution (a masked draw's)
+            **{k: [e[k] for e in encs] for k in TOKEN_EXACT_KEYS},
         })
     if unscored:
         log.warning("%d state groups left out: a candidate has no stored logprob, which --choice-softmax needs", unscored)

@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 TASKS = ["click-button", "click-test"]
 REPO = Path(__file__).resolve().parent.parent
+# A step's stored tokens and the distribution of their logprobs (what the trainer scores them under).
+TOKEN_COLUMNS = "completion_token_ids, logprobs, logprobs_mode, draw, choices, temperature"
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +261,7 @@ def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_pa
 def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halo_train.grpo import completion_logprobs
+    from halo_train.behaviour import stored_completion_logprob
     from halo_train.online import run_online
 
     cfg = online_config(tiny, tmp_path, serve=True, iterations=1, tasks=["click-button"], group_size=2,
@@ -267,8 +269,8 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
                         reward_config=str(REPO / "halo_agent" / "configs" / "rewards-success.yaml"))
     summary = run_online(cfg, echo=lambda line: None)
 
-    steps = query(cfg.lake, "select task_seed, parse_error, action, model_output, prompt, prompt_version, logprob_sum "
-                            "from steps order by episode_id, step_idx")
+    steps = query(cfg.lake, "select task_seed, parse_error, action, model_output, prompt, prompt_version, logprob_sum, "
+                            f"{TOKEN_COLUMNS} from steps order by episode_id, step_idx")
     assert {s["task_seed"] for s in steps} == {0, 1}  # two train task seeds in the iteration, a group each
     assert all(s["parse_error"] is None and s["action"] == s["model_output"] for s in steps)
     assert {s["prompt_version"] for s in steps} == {"halo-prompt-v2-elements"}
@@ -280,17 +282,18 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
     assert [json.loads(w["reward_weights"])["progress"] for w in weights] == [0.0]
     successes = query(cfg.lake, "select avg(success::double) s from episodes")[0]["s"]
     assert summary.iterations[0]["metrics"]["rewards/mean"] <= successes + 1e-9  # success, less loop penalties
-    # The stored behaviour logprob is what the trainer computes for the same completion (+ EOS) under v0.
+    # The stored behaviour logprob is what the trainer computes for the same tokens under the masked draw of v0.
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
     for s in steps[:3]:
-        assert s["logprob_sum"] == pytest.approx(completion_logprobs(model, tokenizer, s["prompt"], s["model_output"]), abs=1e-3)
+        assert s["draw"] == "masked_choice"
+        assert s["logprob_sum"] == pytest.approx(stored_completion_logprob(model, tokenizer, s), abs=1e-3)
 
 
 def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from halo_agent.actions import parse_action
-    from halo_train.grpo import completion_logprobs
+    from halo_train.behaviour import stored_completion_logprob
     from halo_train.online import run_online
     from halo_train.tiny_model import build_tiny_model
     from halo_train.trainer_utils import STATS_FILE
@@ -302,8 +305,8 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
                         replay_iterations=2, max_staleness=1, epsilon_high=0.28)
     summary = run_online(cfg, echo=lambda line: None)
 
-    steps = query(cfg.lake, "select run_id, policy_version, parse_error, action, model_output, prompt, logprob_sum "
-                            "from steps order by run_id, episode_id, step_idx")
+    steps = query(cfg.lake, "select run_id, policy_version, parse_error, action, model_output, prompt, logprob_sum, "
+                            f"{TOKEN_COLUMNS} from steps order by run_id, episode_id, step_idx")
     assert steps and all(s["parse_error"] is None for s in steps)
     for s in steps:  # the answer names its element first; the action that ran is the canonical call
         label, call = s["model_output"].split("\n", 1)
@@ -314,7 +317,7 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
         assert line.endswith(label[2:]) or label[2:] == line.split()[1]  # the element's name as the page shows it, or its role
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
     for s in [s for s in steps if s["policy_version"] == "0"][:3]:  # the behaviour logprob includes the label
-        assert s["logprob_sum"] == pytest.approx(completion_logprobs(model, tokenizer, s["prompt"], s["model_output"]), abs=1e-3)
+        assert s["logprob_sum"] == pytest.approx(stored_completion_logprob(model, tokenizer, s), abs=1e-3)
 
     # --replay-iterations 2: an update after iteration 1 reads both iterations' groups (v0's rows are 1 version stale).
     trained = [it for it in summary.iterations if it["update"] == "trained"]

@@ -334,8 +334,8 @@ def test_covering_the_choices_groups_each_offered_action_once_per_state(tiny, tm
                        serve=True)
     lines: list[str] = []
     summary = run_online(cfg, echo=lines.append)
-    cands = query(cfg.lake, "select episode_id, step_idx, candidate_idx, action, model_output, score, logprob_sum, prompt "
-                            "from candidates order by episode_id, step_idx, candidate_idx")
+    cands = query(cfg.lake, "select episode_id, step_idx, candidate_idx, action, model_output, score, logprob_sum, prompt, "
+                            "completion_token_ids, choices from candidates order by episode_id, step_idx, candidate_idx")
     steps = query(cfg.lake, "select episode_id, step_idx, action, prompt from steps where run_id = 'online-k0'")
     grouped = 0
     for s in steps:
@@ -349,7 +349,10 @@ def test_covering_the_choices_groups_each_offered_action_once_per_state(tiny, tm
         # The step's own draw first, then every other action the page offers, each once, with its logprob.
         assert actions[0] == s["action"] and len(set(actions)) == len(actions)
         assert set(actions) == offered if len(offered) <= 8 else (len(actions) == 8 and set(actions) <= offered)
-    assert grouped >= 2 and all(c["logprob_sum"] is not None and c["logprob_sum"] < 0 for c in cands)
+    assert grouped >= 2 and all(c["completion_token_ids"] and c["model_output"] in c["choices"] for c in cands)
+    # The drawn action has the masked draw's logprob; a covered one, forced by a one-choice request (every token
+    # forced: logprob 0 under processed logprobs), is stored without one and trained under the page's draw.
+    assert all((c["logprob_sum"] is not None and c["logprob_sum"] < 0) == (c["candidate_idx"] == 0) for c in cands)
     # Every offered action was scored, so a page with one right element always has a spread to learn from.
     it = summary.iterations[0]
     assert it["update"] == "trained" and it["metrics"]["trainable_groups"] >= 1, lines
