@@ -18,6 +18,9 @@ and, for a guided choice, its ``choices``; see ``halo_data.schema``). A trainer'
 ``top_p`` is not rebuilt: a nucleus-truncated draw's processed logprobs are those of the truncated
 distribution, which its ratio here would not equal (the rollouts HALO trains on sample without top_p).
 
+A vision-language base model's GRPO batches are built from the text with its images (``halo_train.vlm``):
+there a token-exact row is trained on-policy, with no importance ratio.
+
 Rows without stored token ids (lakes of an older HALO, endpoints that return token text) are not token-exact:
 ``token_exact`` says so and trainers keep their older behaviour for them (a re-tokenised completion and, where
 stored, a sequence-level ratio against ``logprob_sum``).

@@ -116,6 +116,17 @@ def test_an_endpoint_that_refuses_token_ids_is_asked_again_without_them(served):
     assert (out.draw, out.logprobs_mode, out.choices) == ("sample", "processed_logprobs", None)
 
 
+def test_the_hf_policy_stores_the_generations_tokens_and_their_distribution(served):
+    from halo_agent.policies.hf_policy import HFPolicy
+    from test_openai_policy import _observation
+
+    _, folder = served
+    policy = HFPolicy(model=folder, temperature=TEMPERATURE, max_new_tokens=6, device="cpu", seed=1)
+    out = policy.act(_observation())
+    assert len(out.completion_token_ids) == len(out.logprobs) == out.completion_tokens > 0
+    assert (out.logprobs_mode, out.draw, out.choices) == ("processed_logprobs", "sample", None)
+
+
 def _rollout(server, lake: str, run_id: str, constrain: bool, candidates: int = 0):
     from halo_agent.rollout import RolloutConfig, run_rollouts
 
