@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,52 @@ except ImportError:  # the agent extra is not installed
     pass
 else:
     ensure_environment()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n N --dist loadgroup``, the default in pyproject.toml): the tests of a module that
+    share one of its module-scoped fixtures (a live server, a browser, a lake they read) run on one worker, so the
+    fixture is built once; every other test goes to whichever worker is free. Slow tests start first, so the
+    longest ones are not the last to begin."""
+    for item in items:
+        definitions = getattr(item, "_fixtureinfo", None)
+        shared = definitions and any(d[-1].scope in ("module", "class") for d in definitions.name2fixturedefs.values() if d)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")
+                    and item.get_closest_marker("xdist_group")}
+
+    def slow_first(item) -> int:
+        grouped = item.get_closest_marker("xdist_group") is not None
+        return 0 if (item.module.__name__ in slow_modules if grouped else item.get_closest_marker("slow")) else 1
+
+    items.sort(key=slow_first)  # stable: a module's tests keep their order
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory):
+    """``build_once(name, build)``: ``build(folder)`` run once per test session across every pytest-xdist worker
+    (the others wait for it), its JSON-able result returned to each. For model folders several tests read:
+    a worker that needs one takes the finished folder instead of building its own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's popen-gwN
+    root = Path(root)
+
+    def once(name: str, build):
+        folder = root / f"shared-{name}"
+        with open(root / f"shared-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = folder / ".built.json"
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                result = build(folder)
+                done.write_text(json.dumps(result))
+            return json.loads(done.read_text())
+
+    return once
 
 
 @pytest.fixture
@@ -39,27 +89,32 @@ def synthetic_lake(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def tiny_lora_models(tmp_path_factory):
+def tiny_lora_models(build_once):
     """A tiny base model and two LoRA adapters with random (non-zero) weights, so each changes the output."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from halo_train.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("serving")
-    base = build_tiny_model(root / "base")
-    adapters = {}
-    for i, name in enumerate(("policy-1", "policy-2")):
-        torch.manual_seed(100 + i)
-        model = get_peft_model(
-            AutoModelForCausalLM.from_pretrained(base),
-            LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-        )
-        model.save_pretrained(root / name)
-        adapters[name] = str(root / name)
-    return str(base), adapters
+
+    def build(root: Path):
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        from halo_train.tiny_model import build_tiny_model
+
+        base = build_tiny_model(root / "base")
+        adapters = {}
+        for i, name in enumerate(("policy-1", "policy-2")):
+            torch.manual_seed(100 + i)
+            model = get_peft_model(
+                AutoModelForCausalLM.from_pretrained(base),
+                LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+            )
+            model.save_pretrained(root / name)
+            adapters[name] = str(root / name)
+        return [str(base), adapters]
+
+    base, adapters = build_once("serving", build)
+    return base, adapters
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 TASKS = ["click-button-sequence"]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
+@pytest.fixture(scope="session")
+def tiny(build_once) -> str:
     """A tiny model warmed up on random-policy steps, so its samples parse as actions."""
     from halo_train.testing import warm_tiny_model
 
-    return warm_tiny_model(tmp_path_factory.mktemp("mcts"), TASKS, max_steps=2)
+    return build_once("mcts-loop", lambda root: warm_tiny_model(root, TASKS, max_steps=2))
 
 
 def test_search_pairs_dpo_reload_and_search_again(tiny, tmp_path):

@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 TOKEN_COLUMNS = "completion_token_ids, logprobs, logprobs_mode, draw, choices, temperature"
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
+@pytest.fixture(scope="session")
+def tiny(build_once) -> str:
     """A tiny model warmed up on random-policy steps, so its answers parse as actions and groups have spread."""
     from halo_train.testing import warm_tiny_model
 
-    return warm_tiny_model(tmp_path_factory.mktemp("online"), TASKS)
+    return build_once("warm-" + "-".join(TASKS), lambda root: warm_tiny_model(root, TASKS))  # test_online_state's too
 
 
 def online_config(tiny: str, tmp_path: Path, **overrides):

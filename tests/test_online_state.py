@@ -84,11 +84,11 @@ def test_one_unreproducible_candidate_flags_its_whole_state(tmp_path):
 # ---------------------------------------------------------------------- the trainer
 
 
-@pytest.fixture(scope="module")
-def untrained_tiny(tmp_path_factory) -> str:
+@pytest.fixture(scope="session")
+def untrained_tiny(build_once) -> str:
     from halo_train.tiny_model import build_tiny_model
 
-    return str(build_tiny_model(tmp_path_factory.mktemp("state") / "tiny"))
+    return build_once("online-state-untrained", lambda root: str(build_tiny_model(root / "tiny")))
 
 
 def test_grpo_group_by_state_trains_on_the_fresh_state_groups(candidates_lake, untrained_tiny, tmp_path):
@@ -259,13 +259,13 @@ def test_the_min_baseline_keeps_a_goal_blind_policy_spread_where_the_mean_collap
 # ---------------------------------------------------------------------- online
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
+@pytest.fixture(scope="session")
+def tiny(build_once) -> str:
     """A tiny model warmed up on random-policy steps, so its answers parse as actions and candidates differ."""
     pytest.importorskip("torch")
     from halo_train.testing import warm_tiny_model
 
-    return warm_tiny_model(tmp_path_factory.mktemp("online-state"), TASKS)
+    return build_once("warm-" + "-".join(TASKS), lambda root: warm_tiny_model(root, TASKS))  # test_online_grpo's too
 
 
 @pytest.mark.browser
