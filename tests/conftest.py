@@ -36,6 +36,9 @@ def pytest_collection_modifyitems(config, items):
         shared = definitions and any(d[-1].scope in ("module", "class") for d in definitions.name2fixturedefs.values() if d)
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if "build_once" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("timeout"):
+            # its setup may wait for another worker's build of a model folder before building nothing itself
+            item.add_marker(pytest.mark.timeout(2 * float(config.getini("timeout") or 600)))
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")
                     and item.get_closest_marker("xdist_group")}
 
