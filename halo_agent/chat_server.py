@@ -76,9 +76,10 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
+from halo_agent.engine_loop import EngineLoop
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
-from halo_agent.policies.hf_policy import (CHOICE_DRAWS, LOGPROBS_MODES, SCORE_MODES, AdapterNotFoundError, LocalChatModel,
-                                          ModelLoadError)
+from halo_agent.policies.hf_policy import (CHOICE_DRAWS, LOGPROBS_MODES, SCORE_MODES, AdapterNotFoundError, ChoiceRequest,
+                                          LocalChatModel, ModelLoadError)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ class ChatCompletionServer(LocalHTTPServer):
 
     ``api_key``: if set, requests must carry ``Authorization: Bearer <api_key>``.
     ``received`` keeps a summary of recent requests and the usage answered (for tests and debugging; no image data).
+    ``batch_window_ms``, ``max_batch``: how the engine thread gathers requests that arrive together
+    (:class:`EngineLoop`; ``max_batch=1`` runs each alone).
     """
 
     def __init__(
@@ -192,6 +195,8 @@ class ChatCompletionServer(LocalHTTPServer):
         port: int = 0,
         api_key: str | None = None,
         max_tokens_limit: int = 1024,
+        batch_window_ms: float = 20.0,
+        max_batch: int = 8,
     ) -> None:
         self.engine = engine
         # As vLLM's --served-model-name: several names answer for the base model; the first is the one listed.
@@ -205,6 +210,11 @@ class ChatCompletionServer(LocalHTTPServer):
         self._counters_lock = threading.Lock()
         self.thread_name = "chat-server"
         super().__init__(self._handler(), port=port)
+        self.loop = EngineLoop(engine, batch_window_ms=batch_window_ms, max_batch=max_batch)
+
+    def stop(self) -> None:
+        super().stop()
+        self.loop.stop()
 
     @property
     def url(self) -> str:
@@ -293,18 +303,18 @@ class ChatCompletionServer(LocalHTTPServer):
                                "without structured_outputs, or serve the model with vLLM", param="structured_outputs")
         started = time.perf_counter()
         if choices is not None:
-            batch = self.engine.choose(body["messages"], choices, n=n, temperature=temperature, seed=seed, adapter=adapter,
-                                       top_logprobs=top_logprobs)
+            batch = self.loop.choose(ChoiceRequest(body["messages"], choices, n=n, temperature=temperature, seed=seed,
+                                                   adapter=adapter, top_logprobs=top_logprobs))
         else:
-            batch = self.engine.generate(
+            batch = self.loop.call(lambda: self.engine.generate(
                 body["messages"], n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
                 seed=seed, adapter=adapter, top_logprobs=top_logprobs, stop=stop,
-            )
+            ))
         seconds = time.perf_counter() - started
         received["engine_seconds"] = round(seconds, 4)
         with self._counters_lock:
             self.counters.update({"requests": 1, "guided_choice_requests": int(choices is not None),
-                                  "prompt_tokens": batch.prompt_tokens, "engine_seconds": seconds})
+                                  "prompt_tokens": batch.prompt_tokens})
         answer_choices = []
         for i, g in enumerate(batch.generations):
             choice = {"index": i, "message": {"role": "assistant", "content": g.text, "refusal": None},
@@ -336,15 +346,22 @@ class ChatCompletionServer(LocalHTTPServer):
 
     def metrics(self) -> str:
         """Prometheus text, as vLLM's ``/metrics`` (under HALO's names): requests answered, the seconds the engine
-        spent on them, prompt tokens asked for, and how many of those the prefix cache spared a prefill."""
-        cache = self.engine.prompt_cache
+        thread was busy, prompt tokens asked for, how many of those the prefix cache spared a prefill, and the
+        engine's batches: its turns, the requests that ran in a turn with others, the largest turn, the forwards
+        that prefilled several prompts and those prompts."""
+        cache, stats = self.engine.prompt_cache, self.loop.stats
         values = {
             "halo_chat_requests_total": self.counters["requests"],
             "halo_chat_guided_choice_requests_total": self.counters["guided_choice_requests"],
-            "halo_chat_engine_seconds_total": round(self.counters["engine_seconds"], 6),
+            "halo_chat_engine_seconds_total": round(self.loop.busy_seconds, 6),
             "halo_chat_prompt_tokens_total": self.counters["prompt_tokens"],
             "halo_chat_prefill_tokens_total": cache.tokens_prefilled,
             "halo_chat_prefix_cache_hit_tokens_total": cache.tokens_reused,
+            "halo_chat_engine_batches_total": stats["batches"],
+            "halo_chat_batched_requests_total": stats["batched_requests"],
+            "halo_chat_largest_batch": stats["largest_batch"],
+            "halo_chat_batched_prefills_total": cache.batched_prefills,
+            "halo_chat_batched_prefill_prompts_total": cache.batched_prompts,
         }
         return "".join(f"{name} {value}\n" for name, value in values.items())
 
@@ -369,7 +386,7 @@ class ChatCompletionServer(LocalHTTPServer):
         return [None if entry is None else
                 {str(token): {"logprob": max(lp, MIN_LOGPROB), "rank": rank, "decoded_token": decode([token])}
                  for token, (lp, rank) in entry.items()}
-                for entry in self.engine.prompt_logprobs(prompt_ids, top, adapter)]
+                for entry in self.loop.call(lambda: self.engine.prompt_logprobs(prompt_ids, top, adapter))]
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         server = self
@@ -458,10 +475,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch's threads for one forward (default: torch's, one per core)")
     parser.add_argument("--prompt-cache-size", type=int, default=8, metavar="N", help="prompts whose KV caches are kept")
+    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="requests the engine runs as one batch at most (1: each alone, in order of arrival)")
+    parser.add_argument("--batch-window-ms", type=float, default=20.0, metavar="MS",
+                        help="while other clients are being served, how long the engine waits for more requests to join a "
+                             "batch (a lone client never waits)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")
     args = parser.parse_args(argv)
+    if args.max_batch < 1 or args.batch_window_ms < 0:
+        sys.stderr.write("Error: --max-batch must be at least 1 and --batch-window-ms at least 0\n")
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # OpenMP threads that spin while they wait stall one another when the cores are shared (a browser, other jobs):
     # a 170-token prefill on 2 threads took 25-34 s spinning against 1.5-3.5 s waiting passively (load 25 on
@@ -490,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,
+            batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
         )
 
     return serve_until_interrupted(

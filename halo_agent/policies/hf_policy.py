@@ -33,7 +33,7 @@ from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
 from halo_agent.policies.guided_choice import (greedy_masked_choice, masked_choice_logprobs, masked_token_logprobs,
                                                sequence_token_logprobs)
-from halo_agent.policies.prefix_cache import ChoiceWalk, PromptCache, score_choices
+from halo_agent.policies.prefix_cache import ChoiceWalk, Prefilled, PromptCache, score_choices
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,19 @@ class Generation:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (token id, logprob), most likely first
     draw: str = "sample"  # one of DRAWS: how the tokens were drawn
     logprobs_mode: str = "processed_logprobs"  # one of LOGPROBS_MODES
+
+
+@dataclasses.dataclass
+class ChoiceRequest:
+    """A guided-choice request as :meth:`LocalChatModel.choose` takes it (:meth:`LocalChatModel.choose_many` several)."""
+
+    messages: Sequence[Mapping[str, Any]]
+    choices: Sequence[str]
+    n: int = 1
+    temperature: float = 0.0
+    seed: int | None = None
+    adapter: str | None = None
+    top_logprobs: int = 0
 
 
 @dataclasses.dataclass
@@ -396,37 +409,82 @@ class LocalChatModel:
         (:class:`ChoiceWalk`): the same distribution over choices, at the cost of one path, not every choice.
         ``score_mode="full"`` scores every choice after the whole prompt, each request afresh.
         """
+        answer = self.choose_many([ChoiceRequest(messages, choices, n, temperature, seed, adapter, top_logprobs)])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def choose_many(self, requests: Sequence[ChoiceRequest]) -> list[GenerationBatch | Exception]:
+        """Several guided choices, each answered as ``choose`` answers it alone (the same draw for the same seed),
+        or the exception it raised. Under ``score_mode="cached"`` the prompts not cached yet are prefilled as one
+        batch per adapter (:meth:`PromptCache.prefill_many`); the choice walks then run one request after another."""
         import torch
 
-        if not choices:
-            raise ValueError("choices must not be empty")
-        prompt_ids, _ = self.chat_prompt(messages)
+        answers: list[GenerationBatch | Exception | None] = [None] * len(requests)
+        prompts: list[list[int]] = []
+        for i, request in enumerate(requests):
+            try:
+                if not request.choices:
+                    raise ValueError("choices must not be empty")
+                prompts.append(self.chat_prompt(request.messages)[0])
+            except Exception as e:  # noqa: BLE001 (a request's own failure is its answer)
+                answers[i], prompts = e, prompts + [[]]
+        cached = self.score_mode == "cached" and self.processor is None
+        with self._lock:
+            roots: dict[int, Prefilled] = {}
+            groups: dict[str | None, list[int]] = {}
+            for i, request in enumerate(requests):
+                if cached and answers[i] is None and (request.adapter is None or request.adapter in self.adapter_names):
+                    groups.setdefault(request.adapter, []).append(i)
+            for adapter, members in groups.items():
+                if len(members) < 2:
+                    continue
+                try:
+                    with torch.inference_mode(), self._adapter_context(adapter):
+                        filled = self.prompt_cache.prefill_many(self.model, [prompts[i] for i in members], adapter, self.device)
+                except Exception:  # noqa: BLE001 (each request is then prefilled alone, and fails alone)
+                    log.exception("a batched prefill failed; prefilling its prompts one by one")
+                    continue
+                roots.update(zip(members, filled))
+            for i, request in enumerate(requests):
+                if answers[i] is None:
+                    try:
+                        answers[i] = self._choose(request, prompts[i], roots.get(i))
+                    except Exception as e:  # noqa: BLE001
+                        answers[i] = e
+        return answers  # type: ignore[return-value]
+
+    def _choose(self, request: ChoiceRequest, prompt_ids: list[int], root: Prefilled | None) -> GenerationBatch:
+        """One guided choice (the engine's lock held), continuing from ``root``, its prompt's cache, where given."""
+        import torch
+
+        choices, n, temperature, seed, adapter, top_logprobs = (request.choices, request.n, request.temperature, request.seed,
+                                                                request.adapter, request.top_logprobs)
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
         completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
         reported_temperature = float(temperature) if temperature > 0 else 1.0
         cached = self.score_mode == "cached" and self.processor is None
-        with self._lock:
-            self._check_adapter(adapter)
-            with torch.inference_mode(), self._adapter_context(adapter):
-                if cached:
-                    root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
-                if cached and self.choice_draw == "token":
-                    walk = ChoiceWalk(self.model, root, completions)
-                    if temperature > 0:
-                        picks = [walk.draw(float(temperature), generator) for _ in range(int(n))]
-                    else:
-                        picks = [walk.draw(0.0)] * int(n)
-                    along = {i: walk.token_logprobs(i, reported_temperature, raw=self.logprobs_mode == "raw_logprobs")
-                             for i in set(picks)}
-                    generations = [self._generation(choices[i], completions[i], along[i][0], "stop",
-                                                    _top_of(along[i][1], top_logprobs), draw) for i in picks]
-                    return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
-                if cached:
-                    token_logprobs = score_choices(self.model, root, completions, self._pad_id())
+        self._check_adapter(adapter)
+        with torch.inference_mode(), self._adapter_context(adapter):
+            if cached and root is None:
+                root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
+            if cached and self.choice_draw == "token":
+                walk = ChoiceWalk(self.model, root, completions)
+                if temperature > 0:
+                    picks = [walk.draw(float(temperature), generator) for _ in range(int(n))]
                 else:
-                    token_logprobs = self._score(prompt_ids, completions)
+                    picks = [walk.draw(0.0)] * int(n)
+                along = {i: walk.token_logprobs(i, reported_temperature, raw=self.logprobs_mode == "raw_logprobs")
+                         for i in set(picks)}
+                generations = [self._generation(choices[i], completions[i], along[i][0], "stop",
+                                                _top_of(along[i][1], top_logprobs), draw) for i in picks]
+                return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
+            if cached:
+                token_logprobs = score_choices(self.model, root, completions, self._pad_id())
+            else:
+                token_logprobs = self._score(prompt_ids, completions)
         if temperature > 0:
             if self.choice_draw == "token":
                 scores = masked_choice_logprobs(completions, token_logprobs, float(temperature))

@@ -72,6 +72,7 @@ class PromptCache:
         self.capacity = capacity
         self._entries: collections.OrderedDict[tuple[str | None, tuple[int, ...]], Prefilled] = collections.OrderedDict()
         self.hits = self.tokens_reused = self.tokens_prefilled = 0
+        self.batched_prefills = self.batched_prompts = 0  # forwards that prefilled several prompts, and those prompts
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -108,6 +109,70 @@ class PromptCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
         return prefilled
+
+
+    def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str) -> list[Prefilled]:
+        """``prefill`` of several prompts under one adapter, what each needs fed as one batch: each continues from
+        its own longest cached prefix (the caches left-padded to one length and masked there, its tokens at their
+        own positions), the fed tokens right-padded and masked. Each prompt's cache and next-token log-probabilities
+        are stored as ``prefill`` alone would store them (equal within float rounding)."""
+        import torch
+
+        keys = [tuple(int(t) for t in p) for p in prompts]
+        fresh = [ids for ids in dict.fromkeys(keys) if (adapter, ids) not in self._entries]
+        if len(fresh) < 2:
+            return [self.prefill(model, ids, adapter, device) for ids in keys]
+        plans = []  # (ids, the cache it continues from or None, its length)
+        for ids in fresh:
+            best, shared = None, 0
+            for (key, _), entry in self._entries.items():
+                if key == adapter:
+                    n = _common_length(entry.ids, ids)
+                    if n > shared:
+                        best, shared = entry, n
+            shared = min(shared, len(ids) - 1)
+            plans.append((ids, best if shared else None, shared))
+        cached = max(shared for _, _, shared in plans)
+        fed = max(len(ids) - shared for ids, _, shared in plans)
+        pad = keys[0][0]  # any token: padded places are masked and cut away
+        input_ids = torch.tensor([list(ids[shared:]) + [pad] * (fed - len(ids) + shared) for ids, _, shared in plans], device=device)
+        mask = torch.tensor([[0] * (cached - shared) + [1] * len(ids) + [0] * (fed - len(ids) + shared)
+                             for ids, _, shared in plans], device=device)
+        positions = torch.stack([torch.arange(shared, shared + fed, device=device) for _, _, shared in plans])
+        last = torch.tensor([len(ids) - shared - 1 for ids, _, shared in plans], device=device)
+        kwargs: dict[str, Any] = {}
+        if cached:
+            from transformers import DynamicCache
+
+            template = next(start for _, start, _ in plans if start is not None).layers
+            layers = []
+            for layer, pair in enumerate(template):
+                padded = []
+                for which, like in enumerate(pair):
+                    block = like.new_zeros(len(plans), like.shape[1], cached, like.shape[3])
+                    for i, (_, start, shared) in enumerate(plans):
+                        if start is not None:
+                            block[i, :, cached - shared:] = start.layers[layer][which][0, :, :shared]
+                    padded.append(block)
+                layers.append(tuple(padded))
+            kwargs["cache"] = DynamicCache(layers)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=last, **kwargs)
+        logits = out.logits[torch.arange(len(plans)), torch.arange(len(plans))]  # row i at its own last position
+        done = {}
+        for i, (ids, _, shared) in enumerate(plans):
+            start = cached - shared
+            layers = [(k[i:i + 1, :, start:start + len(ids)].clone(), v[i:i + 1, :, start:start + len(ids)].clone())
+                      for k, v in _layers(out.cache)]
+            done[ids] = Prefilled(ids, layers, logits[i].float().log_softmax(dim=-1))
+            self.tokens_reused += shared
+            self.tokens_prefilled += len(ids) - shared
+            self._entries[(adapter, ids)] = done[ids]
+        self.batched_prefills += 1
+        self.batched_prompts += len(plans)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return [done[ids] if ids in done else self.prefill(model, ids, adapter, device) for ids in keys]
 
 
 class ChoiceWalk:

@@ -1,0 +1,143 @@
+"""The chat server batches requests that arrive together: each answer equals the answer to the same request sent
+alone to a server that runs every request alone (same seed, same draw; logprobs within 1e-5)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import urllib.request
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from halo_agent.chat_server import ChatCompletionServer, main  # noqa: E402
+from halo_agent.policies.hf_policy import ChoiceRequest, LocalChatModel  # noqa: E402
+from halo_agent.policies.prefix_cache import PromptCache  # noqa: E402
+
+SYSTEM = {"role": "system", "content": "You are a browser agent. Answer with one action."}
+CHOICES = ["# 'Submit'\nclick('12')", "# 'Tab #2'\nclick('13')", "# 'Tab #2'\nclick('13') twice", "noop()"]
+
+
+def page(text: str) -> list[dict]:
+    return [SYSTEM, {"role": "user", "content": f"Click the button.\n{text}"}]
+
+
+# Guided choices (some continuing a cached prompt's prefix, one on an adapter, n > 1, greedy) and plain sampling.
+REQUESTS = [
+    {"messages": page("[12] button 'Submit'\n[13] link 'Tab #2'"), "structured_outputs": {"choice": CHOICES}, "seed": 1},
+    {"messages": page("[12] button 'Submit'\n[13] link 'Tab #2'\n[14] text 'more'"), "structured_outputs": {"choice": CHOICES},
+     "seed": 2, "n": 3},
+    {"messages": page("[40] link 'Next page' and a longer line of text"), "structured_outputs": {"choice": CHOICES[1:]},
+     "seed": 3, "temperature": 0.7},
+    {"messages": [{"role": "user", "content": "nothing shared with the others"}], "structured_outputs": {"choice": CHOICES},
+     "temperature": 0},
+    {"messages": page("[12] button 'Submit'"), "structured_outputs": {"choice": CHOICES}, "seed": 5, "model": "policy-1"},
+    {"messages": page("[12] button 'Submit'\n[15] link"), "structured_outputs": {"choice": CHOICES}, "seed": 6, "model": "policy-1"},
+    {"messages": page("[12] button 'Submit'"), "seed": 7, "max_tokens": 6},
+]
+WARM = [page("[12] button 'Submit'"), page("[40] link 'Next page'")]
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_lora_models):
+    """A batching server and one that runs every request alone, each with its own engine (and prefix cache)."""
+    base, adapters = tiny_lora_models
+    with ChatCompletionServer(LocalChatModel(base, adapters={"policy-1": adapters["policy-1"]}, device="cpu"),
+                              served_model_name="tiny", max_batch=8, batch_window_ms=50) as batching, \
+         ChatCompletionServer(LocalChatModel(base, adapters={"policy-1": adapters["policy-1"]}, device="cpu"),
+                              served_model_name="tiny", max_batch=1) as alone:
+        yield batching, alone
+
+
+def post(server, body: dict) -> dict:
+    body = {"model": "tiny", "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True, **body}
+    request = urllib.request.Request(f"{server.url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
+
+
+def metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(f"{server.origin}/metrics", timeout=30) as r:
+        return {name: float(value) for name, value in (line.split() for line in r.read().decode().splitlines())}
+
+
+def assert_same(batched: dict, alone: dict) -> None:
+    assert len(batched["choices"]) == len(alone["choices"])
+    for b, a in zip(batched["choices"], alone["choices"]):
+        assert b["message"]["content"] == a["message"]["content"]
+        assert (b["halo_draw"], b["finish_reason"]) == (a["halo_draw"], a["finish_reason"])
+        b_tokens, a_tokens = b["logprobs"]["content"], a["logprobs"]["content"]
+        assert [t["token"] for t in b_tokens] == [t["token"] for t in a_tokens]
+        for bt, at in zip(b_tokens, a_tokens):
+            assert bt["logprob"] == pytest.approx(at["logprob"], abs=1e-5)
+            assert [t["token"] for t in bt["top_logprobs"]] == [t["token"] for t in at["top_logprobs"]]
+            assert [t["logprob"] for t in bt["top_logprobs"]] == pytest.approx([t["logprob"] for t in at["top_logprobs"]], abs=1e-5)
+
+
+def test_concurrent_requests_run_as_one_batch_and_answer_as_alone(servers):
+    batching, alone = servers
+    for server in (batching, alone):  # the same prompts cached in both: later prompts continue from their prefixes
+        for messages in WARM:
+            post(server, {"messages": messages, "structured_outputs": {"choice": CHOICES}, "seed": 0})
+    expected = [post(alone, body) for body in REQUESTS]
+    before = metrics(batching)
+    # Hold the engine thread while every request arrives, so they queue up and run as one turn.
+    release = threading.Event()
+    holding = threading.Thread(target=batching.loop.call, args=(release.wait,))
+    holding.start()
+    with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
+        futures = [pool.submit(post, batching, body) for body in REQUESTS]
+        while batching.loop.queued < len(REQUESTS):
+            release.wait(0.01)
+        release.set()
+        answers = [f.result() for f in futures]
+    holding.join()
+    for got, want in zip(answers, expected):
+        assert_same(got, want)
+    after = metrics(batching)
+    assert after["halo_chat_largest_batch"] == len(REQUESTS)
+    assert after["halo_chat_batched_requests_total"] - before["halo_chat_batched_requests_total"] == len(REQUESTS)
+    # The base model's four prompts in one forward, the adapter's two in another.
+    assert after["halo_chat_batched_prefills_total"] - before["halo_chat_batched_prefills_total"] == 2
+    assert after["halo_chat_batched_prefill_prompts_total"] - before["halo_chat_batched_prefill_prompts_total"] == 6
+    assert metrics(alone)["halo_chat_largest_batch"] == 1
+    # Sent again alone, each answer is the same (its prompt now a cache hit).
+    assert_same(post(batching, REQUESTS[1]), expected[1])
+
+
+def test_batched_prefill_stores_each_prompt_as_prefilled_alone(tiny_lora_models):
+    engine = LocalChatModel(tiny_lora_models[0], device="cpu")
+    prompts = [engine.chat_prompt(page(text))[0] for text in ("[12] button 'Submit' and more", "[40] link", "x " * 30)]
+    prompts.append(prompts[0])  # the same prompt twice in one batch
+    one, many = PromptCache(), PromptCache()
+    with torch.inference_mode():
+        for cache in (one, many):
+            cache.prefill(engine.model, engine.chat_prompt(page("[12] button 'Submit'"))[0], None, "cpu")
+        alone = [one.prefill(engine.model, p, None, "cpu") for p in prompts]
+        together = many.prefill_many(engine.model, prompts, None, "cpu")
+    assert many.batched_prefills == 1 and many.batched_prompts == 3
+    assert many.tokens_prefilled == one.tokens_prefilled and many.tokens_reused < one.tokens_reused  # no hit for the twin
+    for a, b in zip(alone, together):
+        assert a.ids == b.ids
+        torch.testing.assert_close(b.next_logprobs, a.next_logprobs, atol=1e-5, rtol=0)
+        for (ka, va), (kb, vb) in zip(a.layers, b.layers):
+            assert ka.shape == kb.shape
+            torch.testing.assert_close(kb, ka, atol=1e-5, rtol=0)
+            torch.testing.assert_close(vb, va, atol=1e-5, rtol=0)
+
+
+def test_a_failing_request_fails_alone(tiny_lora_models):
+    engine = LocalChatModel(tiny_lora_models[0], device="cpu")
+    good = ChoiceRequest(page("[12] button 'Submit'"), CHOICES, seed=1, temperature=1.0)
+    answers = engine.choose_many([good, ChoiceRequest(page("[13] link"), []), ChoiceRequest(page("[14]"), CHOICES, adapter="gone")])
+    assert answers[0].generations[0].text == engine.choose(good.messages, CHOICES, seed=1, temperature=1.0).generations[0].text
+    assert isinstance(answers[1], ValueError) and "choices" in str(answers[1])
+    assert isinstance(answers[2], ValueError) and "unknown adapter" in str(answers[2])
+
+
+def test_batching_flags_are_checked(capsys):
+    assert main(["--model", "unused", "--max-batch", "0"]) == 2
+    assert capsys.readouterr().err.startswith("Error: --max-batch")
