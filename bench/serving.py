@@ -1,10 +1,13 @@
-"""HALO's chat server serving constrained rollouts: the scoring before (``--score-mode full``) against the
-cached one, side by side, in steps per second.
+"""HALO's chat server serving constrained rollouts, two of its settings side by side, in steps per second:
+the scoring before (``--score-mode full``) against the cached one, or (``--compare batching``) rollouts with two
+workers against the server that batches requests arriving together and against the same server running each
+request alone (``--max-batch 1``).
 
     .venv/bin/python -m bench serving                     # SmolLM2-135M-Instruct, click-button/tab/link, ~10 min on 2 cores
     .venv/bin/python -m bench serving --tasks click-button --task-seeds 1 --rollouts-per-task 1   # a quick look
+    .venv/bin/python -m bench serving --compare batching --tasks click-button,click-tab   # --workers 2, ~6 min
 
-Both servers run the same model (``python -m halo_agent.chat_server --score-mode full|cached``); each task's
+Both servers run the same model (``python -m halo_agent.chat_server``, each with its arm's options); each task's
 rollouts (``halo-agent rollout --policy openai --policy-option constrain_actions=true --observation elements``,
 the same task seeds, attempts and policy seed) run against one server, then the other, the order swapped from
 task to task, so load on the machine falls on both arms alike. Per arm: steps / the rollouts' wall seconds,
@@ -26,18 +29,23 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("full", "cached")
+# Per comparison: its arms (the server's options for each; the second arm's steps/s over the first's is the
+# ratio) and the rollouts' parallel workers.
+COMPARISONS = {
+    "scoring": {"arms": {"full": ["--score-mode", "full"], "cached": ["--score-mode", "cached"]}, "workers": 1},
+    "batching": {"arms": {"max-batch-1": ["--max-batch", "1"], "batched": []}, "workers": 2},
+}
 
 
-def start_server(model: str, score_mode: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, options: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "halo_agent.chat_server", "--model", model, "--served-model-name", "policy",
-               "--port", "0", "--score-mode", score_mode, "--parent-pid", str(os.getpid())]
+               "--port", "0", *options, "--parent-pid", str(os.getpid())]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
     line = proc.stdout.readline()
     if " at " not in line:
         proc.kill()
-        raise SystemExit(f"Error: the {score_mode} chat server did not start; see {log_path}")
+        raise SystemExit(f"Error: the chat server ({shlex.join(options) or 'its defaults'}) did not start; see {log_path}")
     return proc, line.split(" at ", 1)[1].split()[0]
 
 
@@ -46,13 +54,13 @@ def metrics(url: str) -> dict[str, float]:
         return {name: float(value) for name, value in (line.split() for line in r.read().decode().splitlines() if line)}
 
 
-def rollout(args: argparse.Namespace, task: str, url: str, lake: Path, run_id: str) -> tuple[dict, list[str]]:
+def rollout(args: argparse.Namespace, task: str, url: str, lake: Path, run_id: str, workers: int) -> tuple[dict, list[str]]:
     command = [str(ROOT / ".venv" / "bin" / "halo-agent"), "rollout", "--env", "miniwob", "--tasks", task,
                "--task-seed", str(args.task_seed), "--task-seeds", str(args.task_seeds),
                "--rollouts-per-task", str(args.rollouts_per_task), "--max-steps", str(args.max_steps),
                "--temperature", str(args.temperature), "--seed", str(args.seed), "--policy", "openai", "--model", "policy",
                "--policy-option", "constrain_actions=true", "--observation", "elements",
-               "--lake", str(lake), "--run-id", run_id, "--json", "--no-progress"]
+               "--workers", str(workers), "--lake", str(lake), "--run-id", run_id, "--json", "--no-progress"]
     env = {**os.environ, "HALO_VLLM_URL": url, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
@@ -70,6 +78,9 @@ def client_latency_ms(lake: Path, run_id: str) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or known name")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="scoring",
+                        help="scoring: --score-mode full against cached, one rollout worker | batching: --max-batch 1 "
+                             "against the batching server, two rollout workers")
     parser.add_argument("--tasks", default="click-button,click-tab,click-link")
     parser.add_argument("--task-seed", type=int, default=200000)
     parser.add_argument("--task-seeds", type=int, default=2)
@@ -81,15 +92,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     argv = sys.argv[2:] if argv is None else argv
 
+    comparison = COMPARISONS[args.compare]
+    arm_options, workers = comparison["arms"], comparison["workers"]
+    order = tuple(arm_options)  # the ratio is the second arm's steps/s over the first's
     work = Path(tempfile.mkdtemp(prefix="halo-bench-serving-"))
-    servers = {arm: start_server(args.model, arm, work / f"server-{arm}.log") for arm in ARMS}
+    servers = {arm: start_server(args.model, arm_options[arm], work / f"server-{arm}.log") for arm in order}
     rows = []
     try:
         for k, task in enumerate(args.tasks.split(",")):
-            for arm in (ARMS if k % 2 == 0 else ARMS[::-1]):
+            for arm in (order if k % 2 == 0 else order[::-1]):
                 _, url = servers[arm]
                 before, load_before = metrics(url), os.getloadavg()[0]
-                summary, command = rollout(args, task, url, work / f"lake-{arm}", f"{arm}-{task}")
+                summary, command = rollout(args, task, url, work / f"lake-{arm}", f"{arm}-{task}", workers)
                 after = metrics(url)
                 engine = {name: after[name] - before.get(name, 0.0) for name in after}
                 rows.append({
@@ -101,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                     "prompt_tokens": int(engine["halo_chat_prompt_tokens_total"]),
                     "prefill_tokens": int(engine["halo_chat_prefill_tokens_total"]),
                     "prefix_cache_hit_tokens": int(engine["halo_chat_prefix_cache_hit_tokens_total"]),
+                    "batched_requests": int(engine.get("halo_chat_batched_requests_total", 0)),
+                    "engine_batches": int(engine.get("halo_chat_engine_batches_total", 0)),
                     "client_latency_ms": client_latency_ms(work / f"lake-{arm}", f"{arm}-{task}"),
                     "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                     "rollout_command": shlex.join(command[1:]).replace(str(work), "$WORK"),
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(work, ignore_errors=True)  # the lakes and server logs; kept where a run failed
 
     arms = {}
-    for arm in ARMS:
+    for arm in order:
         mine = [r for r in rows if r["arm"] == arm]
         steps, wall = sum(r["steps"] for r in mine), sum(r["wall_seconds"] for r in mine)
         engine = sum(r["engine_seconds"] for r in mine)
@@ -123,18 +139,22 @@ def main(argv: list[str] | None = None) -> None:
                      "successes": sum(r["successes"] for r in mine), "episodes": sum(r["episodes"] for r in mine),
                      "engine_seconds_per_step": engine / steps, "other_seconds_per_step": (wall - engine) / steps,
                      "prompt_tokens": sum(r["prompt_tokens"] for r in mine), "prefill_tokens": sum(r["prefill_tokens"] for r in mine),
-                     "prefix_cache_hit_tokens": sum(r["prefix_cache_hit_tokens"] for r in mine)}
-    ratio = arms["cached"]["steps_per_second"] / arms["full"]["steps_per_second"]
+                     "prefix_cache_hit_tokens": sum(r["prefix_cache_hit_tokens"] for r in mine),
+                     "requests": sum(r["requests"] for r in mine), "batched_requests": sum(r["batched_requests"] for r in mine),
+                     "server_options": arm_options[arm]}
+    ratio = arms[order[1]]["steps_per_second"] / arms[order[0]]["steps_per_second"]
     for arm, a in arms.items():
         print(f"{arm:>6}: {a['steps']} steps in {a['wall_seconds']:.1f} s = {a['steps_per_second']:.2f} steps/s; per step "
               f"{a['engine_seconds_per_step']:.2f} s in the engine, {a['other_seconds_per_step']:.2f} s elsewhere; "
-              f"{a['successes']}/{a['episodes']} solved")
-    print(f"cached / full: {ratio:.2f}x (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+              f"{a['successes']}/{a['episodes']} solved; {a['batched_requests']}/{a['requests']} requests batched with others")
+    print(f"{order[1]} / {order[0]}: {ratio:.2f}x, rollouts with {workers} worker(s) "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     if args.no_save:
         return
     from bench.reports import save
 
-    out = save("serving", {"model": args.model, "arms": arms, "ratio": ratio, "rows": rows}, argv)
+    out = save("serving", {"model": args.model, "compare": args.compare, "workers": workers, "arms": arms, "ratio": ratio,
+                           "rows": rows}, argv)
     print(f"wrote {out.relative_to(ROOT)}")
 
 if __name__ == "__main__":

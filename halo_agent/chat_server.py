@@ -9,7 +9,7 @@ content parts, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
 choice: ``structured_outputs: {"choice": [...]}`` or the older ``guided_choice: [...]``),
 ``GET /v1/models`` (the base model and its LoRA adapters, which requests select
 by name, as with vLLM's ``--lora-modules``), ``GET /metrics`` (Prometheus text: requests, engine seconds,
-prompt tokens, and those the prefix cache spared a prefill), and OpenAI-style error bodies. It
+prompt tokens, those the prefix cache spared a prefill, and the engine's batches), and OpenAI-style error bodies. It
 binds to 127.0.0.1 only.
 
 Adapters can be loaded and unloaded while serving with vLLM's runtime LoRA API
@@ -32,6 +32,16 @@ per request, from where it parts from a recent prompt's KV cache (``--prompt-cac
 as vLLM's automatic prefix caching), and the masked draw walks the choices token by token from that cache,
 running the model only where the drawn path parts from other choices; ``--score-mode full`` scores every
 choice after the whole prompt instead, as this server did before (same draw, slower).
+
+Requests that arrive together are batched, as vLLM's scheduler batches them (:class:`EngineLoop`): one engine
+thread owns the model; the HTTP threads queue their requests and wait. The engine takes everything queued (at
+most ``--max-batch``, 8; while other clients are being served it waits up to ``--batch-window-ms``, 20, for
+more, and a lone client never waits) and prefills the guided choices' prompts in one forward per adapter, each
+continuing from its own cached prefix (the caches left-padded and masked, the fed tokens right-padded), each
+prompt's cache stored as its prefill alone would store it. Each request's choice walk, plain sampling (its seed
+drives torch's global generator) and ``prompt_logprobs`` then run one request after another, as before. So every
+answer equals the one the request gets alone: the same draw for the same seed, logprobs within float rounding.
+``--max-batch 1`` runs each request alone, in order of arrival.
 
 Token-exact answers, in vLLM's shapes:
 

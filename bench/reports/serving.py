@@ -1,5 +1,7 @@
-"""HALO's chat server on constrained rollouts (`python -m bench serving`): the cached scoring against the full
-one, side by side, in steps per second, and where a step's time goes."""
+"""HALO's chat server on constrained rollouts (`python -m bench serving`): two of its settings side by side, in
+steps per second, and where a step's time goes: the cached scoring against the full one (one rollout worker),
+and (`--compare batching`) the server batching requests that arrive together against `--max-batch 1` (two
+rollout workers)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import pathlib
 
 from bench.reports import load_runs, provenance, table
 
-HEADERS = ["server", "steps", "wall (s)", "steps/s", "cached / full", "engine s/step", "other s/step",
-           "prompt tokens prefilled", "solved", "load", "command"]
+HEADERS = ["server", "workers", "steps", "wall (s)", "steps/s", "ratio", "engine s/step", "other s/step",
+           "prompt tokens prefilled", "requests batched", "solved", "load", "command"]
+# Results written before the batching comparison existed compare the scorings.
+SCORING = {"full": ["--score-mode", "full"], "cached": ["--score-mode", "cached"]}
 
 
 def report(results_dir: pathlib.Path) -> str:
@@ -16,11 +20,15 @@ def report(results_dir: pathlib.Path) -> str:
     rows = []
     for run in runs:
         loads = [x for r in run["rows"] for x in r["load_average"]]
-        for arm in ("full", "cached"):
+        names = list(run["arms"])
+        for arm in names:
             a = run["arms"][arm]
-            prefilled = a["prefill_tokens"] / a["prompt_tokens"] if arm == "cached" else 1.0
-            rows.append([f"`--score-mode {arm}`", a["steps"], round(a["wall_seconds"]), round(a["steps_per_second"], 3),
-                         f"{run['ratio']:.2f}x", round(a["engine_seconds_per_step"], 2), round(a["other_seconds_per_step"], 2),
-                         f"{prefilled:.0%}", f"{a['successes']}/{a['episodes']}", f"{min(loads):.0f}–{max(loads):.0f}",
-                         f"`{run['command']}`"])
+            options = " ".join(a.get("server_options", SCORING.get(arm, [])))
+            prefilled = a["prefill_tokens"] / a["prompt_tokens"] if "--score-mode full" not in options else 1.0
+            batched = f"{a['batched_requests']}/{a['requests']}" if "requests" in a else "–"
+            rows.append([f"`{options}`" if options else "defaults (`--max-batch 8`)", run.get("workers", 1), a["steps"], round(a["wall_seconds"]),
+                         round(a["steps_per_second"], 3), f"{names[1]} / {names[0]}: {run['ratio']:.2f}x",
+                         round(a["engine_seconds_per_step"], 2), round(a["other_seconds_per_step"], 2),
+                         f"{prefilled:.0%}", batched, f"{a['successes']}/{a['episodes']}",
+                         f"{min(loads):.0f}–{max(loads):.0f}", f"`{run['command']}`"])
     return table(HEADERS, rows) + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
