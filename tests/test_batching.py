@@ -85,9 +85,15 @@ def test_concurrent_requests_run_as_one_batch_and_answer_as_alone(servers):
     expected = [post(alone, body) for body in REQUESTS]
     before = metrics(batching)
     # Hold the engine thread while every request arrives, so they queue up and run as one turn.
-    release = threading.Event()
-    holding = threading.Thread(target=batching.loop.call, args=(release.wait,))
+    holding_engine, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding_engine.set()
+        release.wait()
+
+    holding = threading.Thread(target=batching.loop.call, args=(hold,))
     holding.start()
+    holding_engine.wait()
     with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
         futures = [pool.submit(post, batching, body) for body in REQUESTS]
         while batching.loop.queued < len(REQUESTS):

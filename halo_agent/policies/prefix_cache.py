@@ -90,17 +90,10 @@ class PromptCache:
             self.hits += 1
             self.tokens_reused += len(ids)
             return self._entries[(adapter, ids)]
-        best, shared = None, 0
-        for (key, _), entry in self._entries.items():
-            if key == adapter:
-                n = _common_length(entry.ids, ids)
-                if n > shared:
-                    best, shared = entry, n
-        shared = min(shared, len(ids) - 1)  # at least one token fed: its logits are the next token's
-        if best is None or shared == 0:
+        best, shared = self._nearest(adapter, ids)
+        if best is None:
             out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
             prefilled = Prefilled(ids, _layers(out.cache), out.logits[0, -1].float().log_softmax(dim=-1))
-            shared = 0
         else:
             prefilled, _ = extend(model, best, shared, ids, every_position=False)
         self.tokens_reused += shared
@@ -110,6 +103,17 @@ class PromptCache:
             self._entries.popitem(last=False)
         return prefilled
 
+    def _nearest(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[Prefilled | None, int]:
+        """The cached prompt sharing the longest prefix with ``ids`` and that length (``None, 0`` where none does);
+        at most ``len(ids) - 1``: at least one token is fed, whose logits are the next token's."""
+        best, shared = None, 0
+        for (key, _), entry in self._entries.items():
+            if key == adapter:
+                n = _common_length(entry.ids, ids)
+                if n > shared:
+                    best, shared = entry, n
+        shared = min(shared, len(ids) - 1)
+        return (best, shared) if shared else (None, 0)
 
     def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str) -> list[Prefilled]:
         """``prefill`` of several prompts under one adapter, what each needs fed as one batch: each continues from
@@ -122,16 +126,7 @@ class PromptCache:
         fresh = [ids for ids in dict.fromkeys(keys) if (adapter, ids) not in self._entries]
         if len(fresh) < 2:
             return [self.prefill(model, ids, adapter, device) for ids in keys]
-        plans = []  # (ids, the cache it continues from or None, its length)
-        for ids in fresh:
-            best, shared = None, 0
-            for (key, _), entry in self._entries.items():
-                if key == adapter:
-                    n = _common_length(entry.ids, ids)
-                    if n > shared:
-                        best, shared = entry, n
-            shared = min(shared, len(ids) - 1)
-            plans.append((ids, best if shared else None, shared))
+        plans = [(ids, *self._nearest(adapter, ids)) for ids in fresh]  # (ids, the cache it continues from, its length)
         cached = max(shared for _, _, shared in plans)
         fed = max(len(ids) - shared for ids, _, shared in plans)
         pad = keys[0][0]  # any token: padded places are masked and cut away
