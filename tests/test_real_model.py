@@ -24,6 +24,7 @@ NAME = "smollm2-135m-instruct"
 ELEMENTS = (Element("4", "button", "Cancel", "click"), Element("5", "button", "Submit", "click"),
             Element("6", "link", "Help", "click"))
 GOAL = 'Click on the "Submit" button.'
+WAIT_S = 600.0  # the policy waits for a loaded CPU's answer: a retry would only queue behind the first request
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_the_chat_server_serves_the_model_by_name_and_answers_a_page_within_its_
     for var in ("HALO_VLLM_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     assert server.served_model_name == NAME  # the converted folder is named after the model
-    policy = OpenAIPolicy(model=NAME, base_url=server.url, temperature=0.0, constrain_actions=True, max_retries=0)
+    policy = OpenAIPolicy(model=NAME, base_url=server.url, temperature=0.0, constrain_actions=True, max_retries=0,
+                          timeout_s=WAIT_S)
     out = policy.act(click_button_page())
     assert (out.action, out.parse_error, out.api_error) == ("click('5')", None, None)
     assert len(out.logprobs) == out.completion_tokens > 0
@@ -85,7 +87,7 @@ def test_a_rollout_with_the_model_by_name_lands_token_exact_steps(server, tmp_pa
     lake = str(tmp_path / "lake")
     run_rollouts(RolloutConfig(
         env="miniwob", tasks=["click-button"], policy="openai", model=NAME, temperature=1.0,
-        policy_options={"base_url": server.url, "constrain_actions": True, "max_retries": 0},
+        policy_options={"base_url": server.url, "constrain_actions": True, "max_retries": 0, "timeout_s": WAIT_S},
         observation="elements", max_steps=2, seed=0, task_seed=200000, lake=lake, run_id="smollm2", progress=False,
     ))
     steps = Lake.open(lake).query_arrow(
