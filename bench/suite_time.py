@@ -68,7 +68,7 @@ def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
 
 def _default_workers(checkout: Path) -> str:
     """The -n of pyproject.toml's addopts (what the README's command runs with)."""
-    match = re.search(r"-n\s+(\w+)", (checkout / "pyproject.toml").read_text())
+    match = re.search(r"^addopts\s*=.*?-n\s+(\w+)", (checkout / "pyproject.toml").read_text(), re.M)
     return match.group(1) if match else "1"
 
 
