@@ -35,8 +35,7 @@ choice after the whole prompt instead, as this server did before (same draw, slo
 
 Requests that arrive together are batched, as vLLM's scheduler batches them (:class:`EngineLoop`): one engine
 thread owns the model; the HTTP threads queue their requests and wait. The engine takes everything queued (at
-most ``--max-batch``, 8; while other clients are being served it waits up to ``--batch-window-ms``, 20, for
-more, and a lone client never waits) and prefills the guided choices' prompts in one forward per adapter, each
+most ``--max-batch``, 8, after waiting up to ``--batch-window-ms``, 10, for more to arrive) and prefills the guided choices' prompts in one forward per adapter, each
 continuing from its own cached prefix (the caches left-padded and masked, the fed tokens right-padded), each
 prompt's cache stored as its prefill alone would store it. Each request's choice walk, plain sampling (its seed
 drives torch's global generator) and ``prompt_logprobs`` then run one request after another, as before. So every
@@ -205,7 +204,7 @@ class ChatCompletionServer(LocalHTTPServer):
         port: int = 0,
         api_key: str | None = None,
         max_tokens_limit: int = 1024,
-        batch_window_ms: float = 20.0,
+        batch_window_ms: float = 10.0,
         max_batch: int = 8,
     ) -> None:
         self.engine = engine
@@ -487,9 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-cache-size", type=int, default=8, metavar="N", help="prompts whose KV caches are kept")
     parser.add_argument("--max-batch", type=int, default=8, metavar="N",
                         help="requests the engine runs as one batch at most (1: each alone, in order of arrival)")
-    parser.add_argument("--batch-window-ms", type=float, default=20.0, metavar="MS",
-                        help="while other clients are being served, how long the engine waits for more requests to join a "
-                             "batch (a lone client never waits)")
+    parser.add_argument("--batch-window-ms", type=float, default=10.0, metavar="MS",
+                        help="how long the engine waits for more requests to join a batch before it runs one (it stops "
+                             "waiting once the batch is as large as the last one)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")

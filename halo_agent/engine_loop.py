@@ -5,9 +5,9 @@ everything queued (up to ``max_batch`` requests) and runs it: the guided choices
 (:meth:`LocalChatModel.choose_many`: their prompts prefilled as one batch, then each choice walk in turn), and
 anything else (plain sampling, prompt logprobs) one request after another, as before.
 
-When other clients are being served (the first request waited behind a running batch, or the last batch held
-several) the thread waits up to ``batch_window_ms`` for more to arrive, until the batch is as large as the last
-one was: so rollout workers that drift apart are gathered into one batch again, and a lone client never waits.
+Before a turn the thread waits up to ``batch_window_ms`` for more requests to arrive, until the batch is as large
+as the last one was (at least two): requests sent together a few milliseconds apart run as one batch, and a lone
+client's request waits at most the window.
 ``max_batch=1`` runs every request alone, in order of arrival, as the server did with a lock.
 """
 
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 class _Work:
     choice: ChoiceRequest | None  # a guided choice (batched with others), or
     call: Callable[[], Any] | None  # anything else, run alone
-    behind: bool  # the engine was busy when it arrived
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
 
 
@@ -41,7 +40,7 @@ class EngineLoop:
     others), ``largest_batch``, ``busy_seconds``.
     """
 
-    def __init__(self, engine: LocalChatModel, batch_window_ms: float = 20.0, max_batch: int = 8) -> None:
+    def __init__(self, engine: LocalChatModel, batch_window_ms: float = 10.0, max_batch: int = 8) -> None:
         if max_batch < 1 or batch_window_ms < 0:
             raise ValueError("max_batch must be at least 1 and batch_window_ms at least 0")
         self.engine = engine
@@ -51,7 +50,6 @@ class EngineLoop:
         self.busy_seconds = 0.0
         self._queue: collections.deque[_Work] = collections.deque()
         self._ready = threading.Condition()
-        self._busy = False
         self._last_size = 1
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="chat-engine", daemon=True)
@@ -59,11 +57,11 @@ class EngineLoop:
 
     def choose(self, request: ChoiceRequest) -> Any:
         """A guided choice's ``GenerationBatch`` (raises what the engine raised for it)."""
-        return self._submit(_Work(request, None, False))
+        return self._submit(_Work(request, None))
 
     def call(self, function: Callable[[], Any]) -> Any:
         """``function()``, run on the engine thread between batches."""
-        return self._submit(_Work(None, function, False))
+        return self._submit(_Work(None, function))
 
     @property
     def queued(self) -> int:
@@ -81,7 +79,6 @@ class EngineLoop:
         with self._ready:
             if self._stopped:
                 raise RuntimeError("the engine has stopped")
-            work.behind = self._busy or bool(self._queue)
             self._queue.append(work)
             self._ready.notify_all()
         return work.future.result()
@@ -93,8 +90,7 @@ class EngineLoop:
                 self._ready.wait()
             if self._stopped:
                 return None
-            first = self._queue[0]
-            if self.max_batch > 1 and (first.behind or self._last_size > 1):
+            if self.max_batch > 1:
                 deadline = time.monotonic() + self.batch_window
                 want = min(self.max_batch, max(2, self._last_size))
                 while len(self._queue) < want and not self._stopped:
@@ -103,7 +99,6 @@ class EngineLoop:
                         break
                     self._ready.wait(left)
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-            self._busy = True
             return batch
 
     def _run(self) -> None:
@@ -124,7 +119,6 @@ class EngineLoop:
                     except Exception as e:  # noqa: BLE001 (the request's own failure, answered to it)
                         work.future.set_exception(e)
             with self._ready:
-                self._busy = False
                 self._last_size = len(batch)
                 self.busy_seconds += time.perf_counter() - started
                 self.stats.update({"batches": 1, "requests": len(batch), "batched_requests": len(batch) if len(batch) > 1 else 0})
