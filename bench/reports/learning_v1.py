@@ -144,7 +144,8 @@ def timing_table(timing: dict[str, Any]) -> str:
                          f"reload {reload:.1f} s, the rest (held-out curve, bookkeeping) {max(0.0, total - rollout - update - reload):.0f} s "
                          f"({it.get('update')})")
     for job in timing.get("train_jobs", []):
-        lines.append(f"- {job['job_type']} {pathlib.Path(str(job['output_dir'])).name}: {job['job_seconds'] or 0:.0f} s")
+        took = "not finished" if job["job_seconds"] is None else f"{job['job_seconds']:.0f} s"
+        lines.append(f"- {job['job_type']} {pathlib.Path(str(job['output_dir'])).name}: {took}")
     return ("\n".join(lines) + "\n") if lines else "No timings yet.\n"
 
 
