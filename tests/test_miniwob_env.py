@@ -127,7 +127,13 @@ def test_stock_agisdk_browser_env_runs_the_task():
 
     import halo_agent.envs.miniwob  # noqa: F401  (registers the tasks)
 
-    bgym_env = gym.make("browsergym/miniwob.click-test", disable_env_checker=True, headless=True, slow_mo=0)
+    from halo_agent.envs.base import ACTION_TIMEOUT_MS, action_set
+
+    # HALO's action set: BrowserGym's code with a Playwright timeout a busy machine can meet
+    actions = action_set()
+    assert f"timeout={ACTION_TIMEOUT_MS})" in actions.python_includes and "timeout=500)" not in actions.python_includes
+    bgym_env = gym.make("browsergym/miniwob.click-test", disable_env_checker=True, headless=True, slow_mo=0,
+                        action_mapping=actions.to_python_code)
     try:
         obs, info = bgym_env.reset(seed=4)
         assert obs["goal"] == "Click the button."

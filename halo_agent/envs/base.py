@@ -141,11 +141,20 @@ MIN_VISIBILITY = 0.5
 SUBSETS_WITH_COORDINATES = ("chat", "infeas", "bid", "coord", "nav", "tab")
 
 
+# BrowserGym's actions give Playwright 500 ms to click, fill, check or select an element that is already on the
+# page. On two busy cores (browsers, servers and trainers at once) the click itself can take longer, and the action
+# then fails as if the page had refused it. HALO's action set waits up to this long instead.
+ACTION_TIMEOUT_MS = 2000
+
+
 def action_set(subsets: Iterable[str] = ("chat", "infeas", "bid", "nav", "tab")):
-    """BrowserGym's high-level action set (``click('12')`` and friends), demo effects off."""
+    """BrowserGym's high-level action set (``click('12')`` and friends), demo effects off, Playwright's action
+    timeout ``ACTION_TIMEOUT_MS``."""
     from agisdk.REAL.browsergym.core.action.highlevel import HighLevelActionSet
 
-    return HighLevelActionSet(subsets=list(subsets), strict=False, multiaction=False, demo_mode="off")
+    actions = HighLevelActionSet(subsets=list(subsets), strict=False, multiaction=False, demo_mode="off")
+    actions.python_includes = actions.python_includes.replace("timeout=500)", f"timeout={ACTION_TIMEOUT_MS})")
+    return actions
 
 
 def _node_value(node: dict[str, Any], key: str) -> Any:
