@@ -5,7 +5,8 @@
     .venv/bin/python -m bench suite-time --clone              # on a fresh clone of HEAD (this checkout's .venv)
 
 Each run records its wall seconds, the tests passed and failed, the load average before and after, the cores,
-the workers and the 15 slowest tests (pytest's --durations), into ``bench/results/suite-time/<time>.json``;
+the workers, the CPU seconds the suite's processes used, the tests that did not pass and the 15
+slowest tests (pytest's --durations), into ``bench/results/suite-time/<time>.json``;
 ``python -m bench report suite-time`` makes the table. The target is 8 minutes on 2 cores. Other work on the
 machine lengthens every figure: read them with the load beside them.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,8 +46,10 @@ def parse_output(text: str) -> dict:
                 slowest.append({"seconds": float(match.group(1)), "phase": match.group(2), "test": match.group(3)})
             elif slowest:
                 break
+    # -ra (pyproject.toml's addopts) lists each test that did not pass: "FAILED tests/x.py::name - why"
+    not_passed = [f"{kind} {test}" for kind, test in re.findall(r"^(FAILED|ERROR) (\S+)", text, re.M)]
     return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0), "errors": counts.get("errors", 0),
-            "skipped": counts.get("skipped", 0), "slowest": slowest}
+            "skipped": counts.get("skipped", 0), "not_passed": not_passed, "slowest": slowest}
 
 
 def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
@@ -53,16 +57,20 @@ def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
     command = README_COMMAND + ([] if workers is None else ["-n", str(workers)])
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     load_before = [round(x, 2) for x in os.getloadavg()]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers and every process they waited for
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     load_after = [round(x, 2) for x in os.getloadavg()]
     result = parse_output(done.stdout)
     if not result["passed"]:
         tail = (done.stdout + done.stderr)[-2000:]
         raise SystemExit(f"Error: the suite reported no passed tests (exit {done.returncode}):\n{tail}")
     return {"workers": workers if workers is not None else _default_workers(checkout), "test_command": " ".join(command),
-            "exit_code": done.returncode, "wall_seconds": round(wall, 1), "load_before": load_before,
+            "exit_code": done.returncode, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+            "load_before": load_before,
             "load_after": load_after, **result}
 
 
@@ -99,8 +107,11 @@ def main(argv: list[str] | None = None) -> None:
         for workers in counts:
             run = time_suite(checkout, workers, a.timeout)
             runs.append(run)
-            print(f"{run['workers']} workers: {run['wall_seconds']:.0f} s wall, {run['passed']} passed, {run['failed']} failed, "
+            print(f"{run['workers']} workers: {run['wall_seconds']:.0f} s wall, {run['cpu_seconds']:.0f} CPU-s, "
+                  f"{run['passed']} passed, {run['failed']} failed, "
                   f"load {run['load_before'][0]} -> {run['load_after'][0]} (target {TARGET_SECONDS} s)")
+            for test in run["not_passed"]:
+                print(f"  {test}")
     out = save("suite-time", {"commit": commit, "fresh_clone": a.clone, "target_seconds": TARGET_SECONDS, "runs": runs},
                argv if argv is not None else sys.argv[2:])
     print(f"results: {out.relative_to(REPO)}")

@@ -17,6 +17,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# Several workers share the cores (addopts' -n): one intra-op thread per process (workers and the servers and jobs
+# they start inherit it), and idle OpenMP threads sleep instead of spinning on a core another process needs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     from halo_agent.browser import ensure_environment
 except ImportError:  # the agent extra is not installed

@@ -14,12 +14,18 @@ def report(results_dir: pathlib.Path) -> str:
         for r in run["runs"]:
             minutes, seconds = divmod(round(r["wall_seconds"]), 60)
             rows.append([run["date"], run["commit"], "yes" if run["fresh_clone"] else "no", run["machine"]["cores"],
-                         str(r["workers"]), f"{minutes} min {seconds:02d} s", r["passed"], r["failed"] + r["errors"],
+                         str(r["workers"]), f"{minutes} min {seconds:02d} s",
+                         f"{r['cpu_seconds']:.0f}" if "cpu_seconds" in r else "—", r["passed"], r["failed"] + r["errors"],
                          f"{r['load_before'][0]} → {r['load_after'][0]}", f"`{run['command']}`"])
     slowest = runs[-1]["runs"][-1]["slowest"][:5] if runs else []
     lines = "\n".join(f"- {provenance(r)}" for r in runs)
+    for run in runs:
+        for r in run["runs"]:
+            if r.get("not_passed"):
+                lines += f"\n- did not pass on {run['date']} ({r['workers']} workers): " + "; ".join(
+                    f"`{t.split('::')[-1].split('@')[0]}`" for t in r["not_passed"])
     if slowest:
         lines += "\n- slowest in the last run: " + "; ".join(
             f"{s['seconds']:.0f} s {s['test'].split('::')[-1].split('@')[0]}" for s in slowest)
-    return table(["date", "commit", "fresh clone", "cores", "workers", "wall", "passed", "failed", "load (1 min) before → after",
+    return table(["date", "commit", "fresh clone", "cores", "workers", "wall", "CPU-s", "passed", "failed", "load (1 min) before → after",
                   "command"], rows) + "\n" + lines + "\n"
