@@ -29,7 +29,6 @@ import click
 from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
 from halo_data.lake import LakeError
 from halo_train.serve import DEFAULT_STATE_DIR
-from halo_train.trainer_utils import is_main_process
 from halo_train.config import CONFIGS, TrainConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -105,6 +104,8 @@ def _job_command(job_type: str, train: Callable[[TrainConfig], Any], cls: type[T
             options.pop("params", None)
         cfg = load_config(cls, config, overrides=options)
         result = train(cfg)
+        from halo_train.trainer_utils import is_main_process  # imports transformers: only once a job has run
+
         if not is_main_process():  # `accelerate launch`: rank 0 reports for all
             return
         metrics_sql = f"select step, metric, value from train_metrics where run_id = '{result.run_id}'"
