@@ -287,10 +287,12 @@ class Runner:
         for seed in seeds:
             if {"bc_filtered", "dpo"} & set(trained):
                 self._stage(self.run_sample, seed)
+            # Each arm is evaluated as soon as its training is final, so an interrupted experiment has every
+            # finished arm's results (the evaluation is the same whenever it runs).
             for arm, stage in (("bc_filtered", self.run_bc), ("dpo", self.run_dpo), ("online_grpo", self.run_online)):
                 if arm in trained:
                     self._stage(stage, seed)
-            self._stage(self.run_trained_evals, seed, trained)
+                    self._stage(self.run_trained_evals, seed, [arm])
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict[str, Any]]:

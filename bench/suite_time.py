@@ -1,7 +1,7 @@
 """The whole test suite's wall time: the README's test command, timed, with the machine's load beside it.
 
     .venv/bin/python -m bench suite-time                      # the README's command as it is (its -n from pyproject.toml)
-    .venv/bin/python -m bench suite-time --workers 2,4,6      # the same suite on 2, 4 and 6 pytest-xdist workers, in turn
+    .venv/bin/python -m bench suite-time --workers 2,3,4      # the same suite on 2, 4 and 6 pytest-xdist workers, in turn
     .venv/bin/python -m bench suite-time --clone              # on a fresh clone of HEAD (this checkout's .venv)
 
 Each run records its wall seconds, the tests passed and failed, the load average before and after, the cores,
