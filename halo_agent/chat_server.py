@@ -462,6 +462,21 @@ class ChatCompletionServer(LocalHTTPServer):
         return Handler
 
 
+def keep_niceness_in_session_group() -> None:
+    """A server started in a session of its own (``start_new_session``) leaves its parent's scheduling group: where
+    the kernel groups by session (``/proc/sys/kernel/sched_autogroup_enabled``), that group competes at full weight
+    with every other, whatever the process's nice value. A niced server (``nice -n 19 halo-train ...``) carries its
+    niceness into its own group, so it stays in the background it was started in."""
+    niceness = os.nice(0)
+    if niceness <= 0 or os.getsid(0) != os.getpid():
+        return  # not niced, or in its parent's session (and group) still
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(niceness))
+    except OSError:  # no autogroup in this kernel, or not allowed: nice still orders the process within its group
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m halo_agent.chat_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="local model folder (transformers) or a known model name, e.g. smollm2-135m-instruct")
@@ -497,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("Error: --max-batch must be at least 1 and --batch-window-ms at least 0\n")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    keep_niceness_in_session_group()
     # OpenMP threads that spin while they wait stall one another when the cores are shared (a browser, other jobs):
     # a 170-token prefill on 2 threads took 25-34 s spinning against 1.5-3.5 s waiting passively (load 25 on
     # 2 cores). Read when torch loads, so set before it does; an OMP_WAIT_POLICY already set is kept.

@@ -203,7 +203,9 @@ PARENT = """
 import os, signal, subprocess, sys, time
 from halo_train.serve import chat_server_command
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a job started in the background: the server inherits it
-server = subprocess.Popen(chat_server_command(sys.argv[1], {}, 0, parent_pid=os.getpid()), stdout=subprocess.PIPE, text=True)
+# In a session of its own, as `halo-train serve` starts it.
+server = subprocess.Popen(chat_server_command(sys.argv[1], {}, 0, parent_pid=os.getpid()), stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
 line = server.stdout.readline()
 print(server.pid if " at " in line else f"no server: {line!r}", flush=True)
 time.sleep(600)
@@ -219,9 +221,20 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _autogroups() -> bool:
+    """Whether this kernel schedules by session groups (CONFIG_SCHED_AUTOGROUP, switched on)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads process states from /proc")
 def test_the_loops_chat_server_stops_when_its_parent_is_killed(models):
-    """The online loop starts the chat server with --parent-pid: a loop killed with -9 leaves no server behind."""
+    """The online loop starts the chat server with --parent-pid: a loop killed with -9 leaves no server behind.
+    Started by a niced parent in a session of its own, the server keeps that niceness for its session's
+    scheduling group (where the kernel groups by session), so a background job's server stays in the background."""
     import os
     import signal
     import subprocess
@@ -229,12 +242,17 @@ def test_the_loops_chat_server_stops_when_its_parent_is_killed(models):
     import time
 
     base, _ = models
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(base)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(base)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: os.nice(7))
     line = parent.stdout.readline().strip()
     assert line.isdigit(), line
     server = int(line)
     try:
         assert _running(server)
+        assert os.getsid(server) == server and os.getpriority(os.PRIO_PROCESS, server) == 7
+        if _autogroups():
+            with open(f"/proc/{server}/autogroup") as f:
+                assert f.read().split()[-2:] == ["nice", "7"]
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 20
