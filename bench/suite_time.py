@@ -1,7 +1,7 @@
 """The whole test suite's wall time: the README's test command, timed, with the machine's load beside it.
 
     .venv/bin/python -m bench suite-time                      # the README's command as it is (its -n from pyproject.toml)
-    .venv/bin/python -m bench suite-time --workers 2,3,4      # the same suite on 2, 4 and 6 pytest-xdist workers, in turn
+    .venv/bin/python -m bench suite-time --workers 2,3,4      # the same suite on 2, 3 and 4 pytest-xdist workers, in turn
     .venv/bin/python -m bench suite-time --clone              # on a fresh clone of HEAD (this checkout's .venv)
 
 Each run records its wall seconds, the tests passed and failed, the load average before and after, the cores,
@@ -70,8 +70,7 @@ def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
         raise SystemExit(f"Error: the suite reported no passed tests (exit {done.returncode}):\n{tail}")
     return {"workers": workers if workers is not None else _default_workers(checkout), "test_command": " ".join(command),
             "exit_code": done.returncode, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
-            "load_before": load_before,
-            "load_after": load_after, **result}
+            "load_before": load_before, "load_after": load_after, **result}
 
 
 def _default_workers(checkout: Path) -> str:
