@@ -3,10 +3,12 @@
     .venv/bin/python -m bench suite-time                      # the README's command as it is (its -n from pyproject.toml)
     .venv/bin/python -m bench suite-time --workers 2,3,4      # the same suite on 2, 3 and 4 pytest-xdist workers, in turn
     .venv/bin/python -m bench suite-time --clone              # on a fresh clone of HEAD (this checkout's .venv)
+    .venv/bin/python -m bench suite-time --cpu-by-test        # also each test's and each module's CPU (needs root)
 
 Each run records its wall seconds, the tests passed and failed, the load average before and after, the cores,
 the workers, the CPU seconds the suite's processes used, the tests that did not pass and the 15
-slowest tests (pytest's --durations), into ``bench/results/suite-time/<time>.json``;
+slowest tests (pytest's --durations), and with ``--cpu-by-test`` the CPU seconds of every module and of the 30 costliest
+tests, counted with their servers, browsers and jobs (``bench/cpu_by_test.py``), into ``bench/results/suite-time/<time>.json``;
 ``python -m bench report suite-time`` makes the table. The target is 8 minutes on 2 cores. Other work on the
 machine lengthens every figure: read them with the load beside them.
 """
@@ -52,10 +54,14 @@ def parse_output(text: str) -> dict:
             "skipped": counts.get("skipped", 0), "not_passed": not_passed, "slowest": slowest}
 
 
-def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
-    """One run of the README's test command in ``checkout`` (with ``-n workers`` when given)."""
+def time_suite(checkout: Path, workers: int | None, timeout: float, cpu_by_test: Path | None = None) -> dict:
+    """One run of the README's test command in ``checkout`` (with ``-n workers`` when given; with each test's CPU
+    counted into ``cpu_by_test`` when given)."""
     command = README_COMMAND + ([] if workers is None else ["-n", str(workers)])
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    if cpu_by_test is not None:
+        command += ["-p", "bench.cpu_by_test"]
+        env["HALO_CPU_BY_TEST"] = str(cpu_by_test)
     load_before = [round(x, 2) for x in os.getloadavg()]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
@@ -68,9 +74,19 @@ def time_suite(checkout: Path, workers: int | None, timeout: float) -> dict:
     if not result["passed"]:
         tail = (done.stdout + done.stderr)[-2000:]
         raise SystemExit(f"Error: the suite reported no passed tests (exit {done.returncode}):\n{tail}")
-    return {"workers": workers if workers is not None else _default_workers(checkout), "test_command": " ".join(command),
-            "exit_code": done.returncode, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
-            "load_before": load_before, "load_after": load_after, **result}
+    run = {"workers": workers if workers is not None else _default_workers(checkout), "test_command": " ".join(command),
+           "exit_code": done.returncode, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+           "load_before": load_before, "load_after": load_after, **result}
+    if cpu_by_test is not None:
+        from bench.cpu_by_test import by_module, collect, remove_groups
+
+        rows = collect(cpu_by_test)
+        remove_groups()
+        if rows:
+            run["counted_cpu_seconds"] = round(sum(row["cpu_seconds"] for row in rows), 1)
+            run["cpu_by_module"] = by_module(rows)
+            run["cpu_by_test"] = rows[:30]
+    return run
 
 
 def _default_workers(checkout: Path) -> str:
@@ -92,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated pytest-xdist worker counts, each a whole run (default: pyproject.toml's -n)")
     ap.add_argument("--clone", action="store_true", help="time a fresh clone of HEAD, not this working tree")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds before a run is stopped")
+    ap.add_argument("--cpu-by-test", action="store_true",
+                    help="count each test's CPU with every process it started, in a cgroup per worker (needs root)")
     a = ap.parse_args(argv)
     try:
         counts = [None] if a.workers is None else [int(w) for w in a.workers.split(",")]
@@ -103,14 +121,20 @@ def main(argv: list[str] | None = None) -> None:
         checkout = fresh_clone(Path(scratch) / "halo") if a.clone else REPO
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout.strip()
         runs = []
-        for workers in counts:
-            run = time_suite(checkout, workers, a.timeout)
+        for i, workers in enumerate(counts):
+            counted = Path(scratch) / f"cpu-{i}.jsonl" if a.cpu_by_test else None
+            run = time_suite(checkout, workers, a.timeout, counted)
             runs.append(run)
             print(f"{run['workers']} workers: {run['wall_seconds']:.0f} s wall, {run['cpu_seconds']:.0f} CPU-s, "
                   f"{run['passed']} passed, {run['failed']} failed, "
                   f"load {run['load_before'][0]} -> {run['load_after'][0]} (target {TARGET_SECONDS} s)")
             for test in run["not_passed"]:
                 print(f"  {test}")
+            if "cpu_by_module" in run:
+                print(f"  {run['counted_cpu_seconds']:.0f} CPU-s counted with every process the tests started; "
+                      "the costliest modules:")
+                for m in run["cpu_by_module"][:12]:
+                    print(f"  {m['cpu_seconds']:7.1f} CPU-s {m['wall_seconds']:7.1f} s  {m['tests']:3d} tests  {m['module']}")
     out = save("suite-time", {"commit": commit, "fresh_clone": a.clone, "target_seconds": TARGET_SECONDS, "runs": runs},
                argv if argv is not None else sys.argv[2:])
     print(f"results: {out.relative_to(REPO)}")
