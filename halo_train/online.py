@@ -437,7 +437,7 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
         observation=cfg.observation, reward_config=cfg.reward_config,
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
         progress=cfg.progress, command="halo-train online-grpo",
-    ))
+    )).stop_if_interrupted()
 
 
 def screenshot_options(cfg: OnlineConfig) -> dict[str, Any]:

@@ -580,7 +580,7 @@ def _collect(cfg: PPOConfig, engine, state: PPOState, epoch: int) -> tuple[list[
         seed=cfg.seed + epoch, max_steps=cfg.max_episode_steps, workers=cfg.workers, lake=cfg.lake, run_id=run_id,
         resume=existing_run(Lake.open(cfg.lake), run_id) is not None, progress=cfg.progress,
         env_options=env_options, command="halo-train ppo",
-    ))
+    )).stop_if_interrupted()
     where = f"run_id = '{run_id}'" + (f" AND ({cfg.where})" if cfg.where else "")
     return read_steps(cfg.lake, where)
 

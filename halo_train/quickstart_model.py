@@ -145,9 +145,7 @@ def _rollout(cfg: ModelQuickstartConfig, lake, run_id: str, policy: str, base_na
         observation="elements", max_steps=cfg.max_steps, workers=cfg.workers, lake=cfg.lake, run_id=run_id,
         resume=existing_run(lake, run_id) is not None, kind=kind, progress=cfg.progress,
         command="halo-train quickstart --model",
-    ))
-    if summary.status == "interrupted":  # Ctrl-C or SIGTERM: what finished is in the lake; a re-run resumes it
-        raise KeyboardInterrupt
+    )).stop_if_interrupted()  # Ctrl-C or SIGTERM: what finished is in the lake; a re-run resumes it
     return summary
 
 

@@ -193,6 +193,41 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(tiny, tmp_
     assert "iteration 1:" in done.stdout
 
 
+def test_a_sigterm_while_sampling_stops_the_run_instead_of_training_on_part_of_the_groups(tmp_path):
+    """SIGTERM (a scheduler stopping the job) reaches the rollout, which writes the episodes that finished and
+    returns; the online run stops there with it, instead of updating on part of the iteration's groups (which a
+    resumed run would take as trained and never train on the rest)."""
+    import threading
+
+    from halo_agent.rollout import run as rollout_run
+    from halo_data.lake import Lake
+    from halo_data.runs import existing_run
+    from halo_train import online
+    from halo_train.testing import small_online_config
+
+    cfg = small_online_config("base", tmp_path, engine_url="http://127.0.0.1:9/v1", seeds_per_iteration=8)
+    Lake.init(cfg.lake)
+
+    def stop_once_sampling():
+        while signal.getsignal(signal.SIGTERM) is not rollout_run._raise_keyboard_interrupt:
+            time.sleep(0.02)
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # never the worker's death, whatever the timing
+    try:
+        threading.Thread(target=stop_once_sampling, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            online._rollout(cfg, None, "base", online.Served(None, 0), "online-k0", 0, cfg.group_size, "rollout",
+                            policy="random", task_seeds=cfg.seeds_per_iteration)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    run = existing_run(Lake.open(cfg.lake), "online-k0")
+    assert run is not None and run["status"] == "interrupted"
+    written = query(cfg.lake, "select count(*) n from episodes")[0]["n"]
+    assert written < len(TASKS) * cfg.group_size * cfg.seeds_per_iteration
+
+
 def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and_its_metrics(tmp_path, monkeypatch):
     """record_iteration upserts the runs row, then appends the iteration's metrics; a kill between the two leaves
     the iteration recorded (so --resume skips it) without its train_metrics rows, which the resume writes."""

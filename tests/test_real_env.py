@@ -16,7 +16,7 @@ pytest.importorskip("agisdk")
 
 from halo_agent import registry  # noqa: E402
 from halo_agent.envs.base import TaskSpec, UnknownTaskError  # noqa: E402
-from halo_agent.envs.real import RealEnv, parse_site_urls  # noqa: E402
+from halo_agent.envs.real import ChatLog, RealEnv, parse_site_urls  # noqa: E402
 from halo_agent.sites import LOCAL_TASK_VERSION, LocalSite  # noqa: E402
 
 
@@ -87,6 +87,10 @@ def test_v2_eval_script_scores_correct_1_and_wrong_0(gomail_site):
         assert "Message sent" in page.axtree
         final = env.step("send_msg_to_user('I emailed Brian King asking for the meeting notes.')")
         assert final.terminated and final.reward == 1.0 and final.raw_reward == 1.0
+        # Headless, the chat is a message log (no second Chromium for a chat window): the answer scored is in it.
+        assert isinstance(env._env.chat, ChatLog)
+        answers = [m["message"] for m in env._env.chat.messages if m["role"] == "assistant"]
+        assert answers[-1] == "I emailed Brian King asking for the meeting notes."
         added = final.info["env_state"]["differences"]["emails"]["added"]
         assert [e["to"] for e in added] == [["brian.king@example.com"]]
 

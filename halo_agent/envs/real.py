@@ -98,6 +98,49 @@ def route_agisdk_console_to_logging() -> None:
     rich_logger._halo_routed = True
 
 
+class ChatLog:
+    """A headless episode's chat as a list of messages, without agisdk's chat window.
+
+    BrowserGym's ``Chat`` launches a second Chromium for every episode only to show the conversation in a page.
+    Headless, nobody sees it, and it is half of what a reset launches. The messages are kept as agisdk keeps them
+    (the roles it records, with their time): its evaluator scores the agent's answer from them, and the
+    observation's ``chat_messages`` shows them.
+    """
+
+    RECORDED = ("user", "user_image", "assistant", "infeasible")
+    recording_start_time = None
+
+    def __init__(self, headless: bool = True, chat_size: Any = None, record_video_dir: Any = None, modern: bool = True) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    def add_message(self, role: str, msg: str) -> None:
+        if role not in (*self.RECORDED, "info"):
+            raise ValueError(f"Invalid role: {role}")
+        if role in self.RECORDED:
+            self.messages.append({"role": role, "timestamp": time.time(), "message": msg})
+
+    def wait_for_user_message(self) -> None:
+        raise EnvError("a headless episode has no chat window to wait for a user's message in")
+
+    def close(self) -> None:
+        pass
+
+
+def use_chat_log_when_headless() -> None:
+    """Make agisdk's environment keep a headless episode's chat as a ``ChatLog`` (a headed one keeps its window)."""
+    from agisdk.REAL.browsergym.core import env as agisdk_env
+
+    if getattr(agisdk_env.Chat, "_halo_chat", False):
+        return
+    window = agisdk_env.Chat
+
+    def chat(headless: bool, *args: Any, **kwargs: Any):
+        return ChatLog() if headless else window(headless, *args, **kwargs)
+
+    chat._halo_chat = True
+    agisdk_env.Chat = chat
+
+
 def _png(screenshot: Any) -> bytes | None:
     """BrowserGym hands the screenshot as an RGB array; the lake stores PNG bytes."""
     if screenshot is None:
@@ -261,6 +304,7 @@ class RealEnv:
         spec = self._resolve(task)
         version, name = spec.task_id.split(".", 1)
         self._close_env()
+        use_chat_log_when_headless()
         site_url = self.site_urls.get(spec.site)
         task_kwargs = {
             "task_name": name,

@@ -155,6 +155,16 @@ class RunSummary:
             return None
         return self.lake_seconds / self.wall_seconds
 
+    def stop_if_interrupted(self) -> "RunSummary":
+        """The summary, or ``KeyboardInterrupt`` where the run was interrupted (Ctrl-C or SIGTERM).
+
+        ``run_rollouts`` turns an interruption into a written, resumable run and returns; a caller that goes on to
+        train on the run or to start another one must stop too (an update on part of an iteration's episodes would
+        be trained once, and its resume would never train on the rest)."""
+        if self.status == "interrupted":
+            raise KeyboardInterrupt
+        return self
+
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["steps_per_second"] = round(self.steps_per_second, 3)

@@ -104,6 +104,8 @@ def run_eval(modes: Sequence[str], base: RolloutConfig, modes_file: str | None =
             run_id=f"{base_id}-{name}",
         )
         summaries.append(run_rollouts(cfg))
+        if summaries[-1].status == "interrupted":  # Ctrl-C or SIGTERM stops the evaluation, not only this mode's run
+            break
     return summaries
 
 
