@@ -13,8 +13,9 @@ all act alike and get equal rewards: a zero-std group the GRPO job must skip.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from halo_data import ids, prompts
 from halo_data.lake import Lake
@@ -159,3 +160,15 @@ def small_online_config(base_model: str, root, **overrides):
                    output_dir=str(root / "out"), run_id="online", progress=False)
     options.update(overrides)
     return OnlineConfig(**options)
+
+
+@contextlib.contextmanager
+def chat_server_in_process(model: str, **options) -> Iterator[str]:
+    """HALO's chat server for ``model`` on a thread of this process: its URL, for an online or PPO run's
+    ``engine_url``. The same server ``--serve`` starts, without a second process importing torch and transformers
+    (about 4 CPU-seconds each); ``options`` go to ``LocalChatModel``."""
+    from halo_agent.chat_server import ChatCompletionServer
+    from halo_agent.policies.hf_policy import LocalChatModel
+
+    with ChatCompletionServer(LocalChatModel(model, device="cpu", **options), None) as server:
+        yield server.url

@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
+from halo_train.testing import chat_server_in_process  # noqa: E402
+
 TASKS = ["click-button", "click-test"]
 REPO = Path(__file__).resolve().parent.parent
 # A step's stored tokens and the distribution of their logprobs (what the trainer scores them under).
@@ -299,10 +301,11 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
     from halo_train.behaviour import stored_completion_logprob
     from halo_train.online import run_online
 
-    cfg = online_config(tiny, tmp_path, serve=True, iterations=1, tasks=["click-button"], group_size=2,
-                        seeds_per_iteration=2, constrain_actions=True, observation="elements",
-                        reward_config=str(REPO / "halo_agent" / "configs" / "rewards-success.yaml"))
-    summary = run_online(cfg, echo=lambda line: None)
+    with chat_server_in_process(tiny) as url:
+        cfg = online_config(tiny, tmp_path, engine_url=url, iterations=1, tasks=["click-button"], group_size=2,
+                            seeds_per_iteration=2, constrain_actions=True, observation="elements",
+                            reward_config=str(REPO / "halo_agent" / "configs" / "rewards-success.yaml"))
+        summary = run_online(cfg, echo=lambda line: None)
 
     steps = query(cfg.lake, "select task_seed, parse_error, action, model_output, prompt, prompt_version, logprob_sum, "
                             f"{TOKEN_COLUMNS} from steps order by episode_id, step_idx")
@@ -335,10 +338,11 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
 
     # Untrained weights: the choices are near equally likely, so the groups have a reward spread to train on.
     tiny = str(build_tiny_model(tmp_path / "tiny"))
-    cfg = online_config(tiny, tmp_path, serve=True, iterations=2, tasks=["click-button"], group_size=4,
-                        seeds_per_iteration=2, constrain_actions=True, choice_labels=True, observation="elements",
-                        replay_iterations=2, max_staleness=1, epsilon_high=0.28)
-    summary = run_online(cfg, echo=lambda line: None)
+    with chat_server_in_process(tiny) as url:
+        cfg = online_config(tiny, tmp_path, engine_url=url, iterations=2, tasks=["click-button"], group_size=4,
+                            seeds_per_iteration=2, constrain_actions=True, choice_labels=True, observation="elements",
+                            replay_iterations=2, max_staleness=1, epsilon_high=0.28)
+        summary = run_online(cfg, echo=lambda line: None)
 
     steps = query(cfg.lake, "select run_id, policy_version, parse_error, action, model_output, prompt, logprob_sum, "
                             f"{TOKEN_COLUMNS} from steps order by run_id, episode_id, step_idx")

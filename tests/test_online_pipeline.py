@@ -30,11 +30,13 @@ def online_config(tiny: str, tmp_path: Path, **overrides):
 
 def test_two_pipelined_iterations_sample_with_the_served_version_and_train_on_one_stale_rows(tiny, tmp_path):
     from halo_train.online import run_online
+    from halo_train.testing import chat_server_in_process
     from halo_train.trainer_utils import STATS_FILE
 
-    cfg = online_config(tiny, tmp_path, serve=True)
-    lines: list[str] = []
-    summary = run_online(cfg, echo=lines.append)
+    with chat_server_in_process(tiny) as url:
+        cfg = online_config(tiny, tmp_path, engine_url=url)
+        lines: list[str] = []
+        summary = run_online(cfg, echo=lines.append)
 
     out = Path(cfg.output_dir)
     assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]

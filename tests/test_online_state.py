@@ -13,6 +13,7 @@ import pytest
 from halo_data import ids, prompts
 from halo_data.lake import Lake
 from halo_data.writer import append_rows
+from halo_train.testing import chat_server_in_process
 
 TASKS = ["click-button", "click-test"]
 
@@ -275,12 +276,13 @@ def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, t
 
     from halo_train.online import OnlineConfig, run_online
 
-    cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=4,
-                       group_size=1, seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
-                       lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
-                       serve=True)
-    lines: list[str] = []
-    summary = run_online(cfg, echo=lines.append)
+    with chat_server_in_process(tiny) as url:
+        cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=4,
+                           group_size=1, seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
+                           lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
+                           engine_url=url)
+        lines: list[str] = []
+        summary = run_online(cfg, echo=lines.append)
     lake = cfg.lake
 
     # Every state the episodes visited has its 4 candidates, tagged with the version that sampled them (0).
@@ -327,13 +329,14 @@ def test_covering_the_choices_groups_each_offered_action_once_per_state(tiny, tm
 
     from halo_train.online import OnlineConfig, run_online
 
-    cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=8,
-                       cover_choices=True, constrain_actions=True, observation="elements", group_size=1,
-                       seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
-                       lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
-                       serve=True)
-    lines: list[str] = []
-    summary = run_online(cfg, echo=lines.append)
+    with chat_server_in_process(tiny) as url:
+        cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=8,
+                           cover_choices=True, constrain_actions=True, observation="elements", group_size=1,
+                           seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
+                           lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
+                           engine_url=url)
+        lines: list[str] = []
+        summary = run_online(cfg, echo=lines.append)
     cands = query(cfg.lake, "select episode_id, step_idx, candidate_idx, action, model_output, score, logprob_sum, prompt, "
                             "completion_token_ids, choices from candidates order by episode_id, step_idx, candidate_idx")
     steps = query(cfg.lake, "select episode_id, step_idx, action, prompt from steps where run_id = 'online-k0'")

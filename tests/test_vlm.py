@@ -236,11 +236,14 @@ def test_a_guided_choice_with_an_image_is_refused_not_scored_without_it(world):
 def test_an_online_grpo_iteration_with_the_tiny_vlm_served_by_the_chat_server(world, tmp_path):
     from halo_train.online import OnlineConfig, run_online
 
-    cfg = OnlineConfig(base_model=world["model"], tasks=["click-button"], iterations=1, group_size=3, max_episode_steps=2,
-                       train_steps=1, lr=0.01, max_tokens=8, batch_size=2, lora_r=4, serve=True,
-                       lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online-vlm", progress=False)
-    lines: list[str] = []
-    summary = run_online(cfg, echo=lines.append)
+    from halo_train.testing import chat_server_in_process
+
+    with chat_server_in_process(world["model"]) as url:
+        cfg = OnlineConfig(base_model=world["model"], tasks=["click-button"], iterations=1, group_size=3, max_episode_steps=2,
+                           train_steps=1, lr=0.01, max_tokens=8, batch_size=2, lora_r=4, engine_url=url,
+                           lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online-vlm", progress=False)
+        lines: list[str] = []
+        summary = run_online(cfg, echo=lines.append)
     assert len(summary.iterations) == 1 and lines[0].startswith("iteration 0")
     rows = step_rows(cfg.lake)
     # Sampled in screenshot mode by the served VLM: every prompt carries its step's screenshot.
