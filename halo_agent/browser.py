@@ -295,36 +295,70 @@ def shared_playwright():
     return _own_playwright
 
 
-class BrowserSession:
-    """One headless Chromium per worker process, reused across episodes; a fresh context per episode.
+# The process's Chromium for each launch setting (headless, slow_mo, args): sessions share it, each in contexts of its own.
+_browsers: dict[tuple, object] = {}
 
+
+def _process_browser(key: tuple, launch):
+    """The process's browser for ``key``, launched by ``launch()`` on first use or after it died."""
+    browser = _browsers.get(key)
+    if browser is None or not browser.is_connected():
+        browser = _browsers[key] = launch()
+    return browser
+
+
+def close_process_browsers() -> None:
+    """Close every Chromium the process's sessions share (a process that ends needs not: the driver takes them)."""
+    while _browsers:
+        _, browser = _browsers.popitem()
+        try:
+            browser.close()
+        except Exception as e:
+            log.debug("closing Chromium failed: %s", e)
+
+
+class BrowserSession:
+    """Headless Chromium for a worker's episodes: a fresh context per episode in a browser that outlives it.
+
+    By default (``shared=True``) the browser is the process's one for these settings: every session of the
+    process opens its contexts in it, and closing a session closes only its context, so the next environment the
+    process makes (the next rollout of an online loop, the next mode of an eval) starts without launching
+    Chromium. ``shared=False`` gives the session a browser of its own, closed with it.
     Uses the process's one Playwright (``shared_playwright``).
     Never create one inside an asyncio loop, and never fork after creating one.
     """
 
-    def __init__(self, headless: bool = True, slow_mo: float = 0.0, extra_args: tuple[str, ...] = ()):
+    def __init__(self, headless: bool = True, slow_mo: float = 0.0, extra_args: tuple[str, ...] = (), shared: bool = True):
         self.headless = headless
         self.slow_mo = slow_mo
         self.extra_args = tuple(extra_args)
+        self.shared = shared
         self.browser = None
         self.context = None
-        self.launches = 0
+        self.launches = 0  # browsers this session launched (a shared one already running is not one)
 
     def _launch(self) -> None:
+        if self.shared:
+            self.browser = _process_browser((self.headless, self.slow_mo, self.extra_args), self._new_browser)
+        else:
+            self.browser = self._new_browser()
+
+    def _new_browser(self):
         ensure_environment()
         from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
 
         pw = shared_playwright()
         # BrowserGym's actions find elements by their bid through Playwright's test-id selector.
         pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)
-        self.browser = pw.chromium.launch(
+        browser = pw.chromium.launch(
             headless=self.headless,
             executable_path=chromium_executable(),
             args=[*CHROMIUM_ARGS, *self.extra_args],
             slow_mo=self.slow_mo,
         )
         self.launches += 1
-        log.debug("launched Chromium %s (launch %d)", self.browser.version, self.launches)
+        log.debug("launched Chromium %s (launch %d)", browser.version, self.launches)
+        return browser
 
     def new_page(self, viewport: dict[str, int], timeout_ms: float = 5000, **context_kwargs):
         """Close the previous episode's context and open a page in a fresh one (relaunching a dead browser)."""
@@ -345,13 +379,14 @@ class BrowserSession:
             self.context = None
 
     def close(self) -> None:
+        """Close this session's context, and its browser where it is its own."""
         self.close_context()
-        if self.browser is not None:
+        if self.browser is not None and not self.shared:
             try:
                 self.browser.close()
             except Exception as e:
                 log.debug("closing Chromium failed: %s", e)
-            self.browser = None
+        self.browser = None
 
 
 if __name__ == "__main__":

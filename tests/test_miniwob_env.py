@@ -175,9 +175,18 @@ def test_next_attempt_restarts_in_place_into_the_freshly_loaded_page():
         restarting.reset(_spec("focus-text-2"), task_seed=4)
         restarting.reset(_spec("focus-text-2"), task_seed=4)
         assert restarting.restarts == 1
+        # Two environments at once: each in contexts of its own, in the process's one Chromium.
+        assert restarting.session.browser is loading.session.browser and restarting.session.context is not loading.session.context
     finally:
         restarting.close()
         loading.close()
+    # The next environment of the process starts without launching Chromium (an online loop's next rollout).
+    following = MiniWoBEnv()
+    try:
+        page = following.reset(_spec("click-button"), task_seed=4)
+        assert page.elements and following.session.launches == 0 and following.session.browser.is_connected()
+    finally:
+        following.close()
 
 
 def test_restart_verification_catches_a_task_that_keeps_state():

@@ -200,8 +200,8 @@ for change in json.loads(sys.argv[1]):
     records.clear()
     exec(change, {"core": core})
     seen = []
-    for _ in range(2):  # two launches, one warning
-        session = BrowserSession(headless=True)
+    for _ in range(2):  # two launches (browsers of their own, not the process's shared one), one warning
+        session = BrowserSession(headless=True, shared=False)
         page = session.new_page({"width": 400, "height": 300})
         page.set_content('<button bid="7" onclick="this.textContent = \\'sent\\'">Send</button>')
         page.get_by_test_id("7").click()  # BrowserGym's actions find elements by bid this way
