@@ -113,8 +113,8 @@ def test_bad_input_is_one_clear_error_line_and_writes_nothing(tmp_path, args, me
 @pytest.mark.slow
 def test_kill_9_leaves_whole_trees_and_resume_searches_the_rest(tmp_path):
     lake_dir = tmp_path / "lake"
-    args = ["--tasks", "click-button-sequence,click-checkboxes", "--task-seeds", "2", "--simulations", "6",
-            "--max-depth", "3", "--run-id", "s", "--lake", str(lake_dir), "--no-progress"]
+    args = ["--tasks", "click-button-sequence,click-checkboxes", "--task-seeds", "2", "--simulations", "4",
+            "--max-depth", "2", "--run-id", "s", "--lake", str(lake_dir), "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-m", "halo_agent.cli", "search", *args], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
