@@ -45,14 +45,15 @@ class CpuByTest:
     def __init__(self, out: Path, worker: str):
         self.group = _Group(f"halo-suite-{os.getppid()}-{worker}")
         self.out = out.with_name(f"{out.name}.{worker}")
+        self.worker = worker
         self.rows: list[dict] = []
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        cpu, wall = self.group.seconds(), time.monotonic()
+        cpu, wall, start = self.group.seconds(), time.monotonic(), time.time()
         yield
         self.rows.append({"test": item.nodeid, "cpu_seconds": round(self.group.seconds() - cpu, 2),
-                          "wall_seconds": round(time.monotonic() - wall, 2)})
+                          "wall_seconds": round(time.monotonic() - wall, 2), "worker": self.worker, "start": round(start, 2)})
 
     def pytest_unconfigure(self, config):
         self.out.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
@@ -75,6 +76,21 @@ def collect(out: Path) -> list[dict]:
     """Every worker's rows, most CPU first."""
     rows = [json.loads(line) for part in sorted(out.parent.glob(f"{out.name}.*")) for line in part.read_text().splitlines()]
     return sorted(rows, key=lambda row: -row["cpu_seconds"])
+
+
+def by_worker(rows: list[dict]) -> list[dict]:
+    """Each worker's tests, busy seconds and last end, from the earliest start: where the run's tail is."""
+    if not rows or "start" not in rows[0]:
+        return []
+    t0 = min(row["start"] for row in rows)
+    workers: dict[str, dict] = {}
+    for row in rows:
+        entry = workers.setdefault(row["worker"], {"worker": row["worker"], "tests": 0, "busy_seconds": 0.0, "end_seconds": 0.0})
+        entry["tests"] += 1
+        entry["busy_seconds"] += row["wall_seconds"]
+        entry["end_seconds"] = max(entry["end_seconds"], row["start"] - t0 + row["wall_seconds"])
+    return sorted(({**w, "busy_seconds": round(w["busy_seconds"], 1), "end_seconds": round(w["end_seconds"], 1)}
+                   for w in workers.values()), key=lambda w: w["worker"])
 
 
 def by_module(rows: list[dict]) -> list[dict]:

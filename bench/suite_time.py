@@ -78,13 +78,14 @@ def time_suite(checkout: Path, workers: int | None, timeout: float, cpu_by_test:
            "exit_code": done.returncode, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
            "load_before": load_before, "load_after": load_after, **result}
     if cpu_by_test is not None:
-        from bench.cpu_by_test import by_module, collect, remove_groups
+        from bench.cpu_by_test import by_module, by_worker, collect, remove_groups
 
         rows = collect(cpu_by_test)
         remove_groups()
         if rows:
             run["counted_cpu_seconds"] = round(sum(row["cpu_seconds"] for row in rows), 1)
             run["cpu_by_module"] = by_module(rows)
+            run["workers_timeline"] = by_worker(rows)
             run["cpu_by_test"] = rows[:30]
     return run
 
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                       "the costliest modules:")
                 for m in run["cpu_by_module"][:12]:
                     print(f"  {m['cpu_seconds']:7.1f} CPU-s {m['wall_seconds']:7.1f} s  {m['tests']:3d} tests  {m['module']}")
+                for w in run["workers_timeline"]:
+                    print(f"  worker {w['worker']}: {w['tests']} tests, busy {w['busy_seconds']:.0f} s, last ended at {w['end_seconds']:.0f} s")
     out = save("suite-time", {"commit": commit, "fresh_clone": a.clone, "target_seconds": TARGET_SECONDS, "runs": runs},
                argv if argv is not None else sys.argv[2:])
     print(f"results: {out.relative_to(REPO)}")
