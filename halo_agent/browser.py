@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # Debian's package puts the real binary here; /usr/bin/chromium is a shell wrapper.
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+# Debian's chromium-headless-shell: the same engine built for headless use only (what Playwright itself launches
+# for headless=True), a launch about 2.3x cheaper in CPU than the full browser's.
+HEADLESS_SHELL_CANDIDATES = ("/usr/lib/chromium/chromium-headless-shell", "/usr/bin/chromium-headless-shell")
 
 # Flags for a headless browser on a machine with no GPU, no network and root user.
 CHROMIUM_ARGS = (
@@ -68,14 +71,15 @@ class BrowserSetupError(RuntimeError):
     """Chromium or Playwright is not usable; the message says what to do."""
 
 
-def chromium_executable() -> str:
-    """Path of Debian's Chromium binary (``HALO_CHROMIUM`` overrides)."""
+def chromium_executable(headless: bool = False) -> str:
+    """Path of Debian's Chromium binary (``HALO_CHROMIUM`` overrides); for a headless browser, Debian's
+    headless shell where it is installed (``apt-get install chromium-headless-shell``)."""
     override = os.environ.get("HALO_CHROMIUM")
     if override:
         if not os.access(override, os.X_OK):
             raise BrowserSetupError(f"HALO_CHROMIUM={override} is not an executable file")
         return override
-    for candidate in CHROMIUM_CANDIDATES:
+    for candidate in (*HEADLESS_SHELL_CANDIDATES, *CHROMIUM_CANDIDATES) if headless else CHROMIUM_CANDIDATES:
         if os.access(candidate, os.X_OK):
             return candidate
     raise BrowserSetupError("Chromium is not installed: run `apt-get install chromium` (or set HALO_CHROMIUM)")
@@ -155,8 +159,9 @@ def _links_ok(browsers_path: Path) -> bool:
         return False
 
 
-def _make_links(browsers_path: Path, target: str) -> None:
-    for exe in expected_executables(browsers_path).values():
+def _make_links(browsers_path: Path, targets: dict[str, str]) -> None:
+    for name, exe in expected_executables(browsers_path).items():
+        target = targets[name]
         exe.parent.mkdir(parents=True, exist_ok=True)
         if exe.is_symlink() or exe.exists():
             if exe.is_symlink() and os.readlink(exe) == target:
@@ -193,11 +198,13 @@ def _tiktoken_cache_dir() -> Path | None:
 
 
 def setup(browsers_path: str | os.PathLike[str] | None = None) -> Path:
-    """Link Playwright's expected Chromium executables to Debian's Chromium. Idempotent.
+    """Link Playwright's expected Chromium executables to Debian's Chromium (its headless shell, the one Playwright
+    launches for headless=True, to Debian's headless shell where installed). Idempotent.
 
     Returns the browsers folder used.
     """
-    target = os.path.realpath(chromium_executable())
+    targets = {"chromium": os.path.realpath(chromium_executable()),
+               "chromium-headless-shell": os.path.realpath(chromium_executable(headless=True))}
     candidates = [Path(browsers_path)] if browsers_path else []
     if not candidates and os.environ.get("PLAYWRIGHT_BROWSERS_PATH") not in (None, "", "0"):
         candidates.append(Path(os.environ["PLAYWRIGHT_BROWSERS_PATH"]))
@@ -205,11 +212,11 @@ def setup(browsers_path: str | os.PathLike[str] | None = None) -> Path:
     errors = []
     for path in candidates:
         try:
-            _make_links(path, target)
+            _make_links(path, targets)
         except OSError as e:
             errors.append(f"{path}: {e}")
             continue
-        log.info("Playwright browsers at %s -> %s", path, target)
+        log.info("Playwright browsers at %s -> %s", path, ", ".join(sorted(set(targets.values()))))
         _tiktoken_cache_dir()
         return path
     raise BrowserSetupError("cannot create the Playwright browsers folder (" + "; ".join(errors) + ")")
@@ -352,7 +359,7 @@ class BrowserSession:
         pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)
         browser = pw.chromium.launch(
             headless=self.headless,
-            executable_path=chromium_executable(),
+            executable_path=chromium_executable(self.headless),
             args=[*CHROMIUM_ARGS, *self.extra_args],
             slow_mo=self.slow_mo,
         )
