@@ -49,7 +49,7 @@ def parse_output(text: str) -> dict:
             elif slowest:
                 break
     # -ra (pyproject.toml's addopts) lists each test that did not pass: "FAILED tests/x.py::name - why"
-    not_passed = [f"{kind} {test}" for kind, test in re.findall(r"^(FAILED|ERROR) (\S+)", text, re.M)]
+    not_passed = [line[:400] for line in re.findall(r"^(?:FAILED|ERROR) \S+.*$", text, re.M)]
     return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0), "errors": counts.get("errors", 0),
             "skipped": counts.get("skipped", 0), "not_passed": not_passed, "slowest": slowest}
 

@@ -23,7 +23,7 @@ def report(results_dir: pathlib.Path) -> str:
         for r in run["runs"]:
             if r.get("not_passed"):
                 lines += f"\n- did not pass on {run['date']} ({r['workers']} workers): " + "; ".join(
-                    f"`{t.split('::')[-1].split('@')[0]}`" for t in r["not_passed"])
+                    f"`{t.split()[1].split('::')[-1].split('@')[0]}`" for t in r["not_passed"])
     if slowest:
         lines += "\n- slowest in the last run: " + "; ".join(
             f"{s['seconds']:.0f} s {s['test'].split('::')[-1].split('@')[0]}" for s in slowest)
