@@ -24,6 +24,12 @@ def report(results_dir: pathlib.Path) -> str:
             if r.get("not_passed"):
                 lines += f"\n- did not pass on {run['date']} ({r['workers']} workers): " + "; ".join(
                     f"`{t.split()[1].split('::')[-1].split('@')[0]}`" for t in r["not_passed"])
+    counted = [(run, r) for run in runs for r in run["runs"] if r.get("cpu_by_module")]
+    if counted:
+        run, r = counted[-1]
+        lines += (f"\n- CPU by test module in the last run counted with `--cpu-by-test` ({run['date']}, "
+                  f"{r['counted_cpu_seconds']:.0f} CPU-s with every process the tests started): " + "; ".join(
+                      f"{m['module'].removeprefix('tests/')} {m['cpu_seconds']:.0f}" for m in r["cpu_by_module"][:8]))
     if slowest:
         lines += "\n- slowest in the last run: " + "; ".join(
             f"{s['seconds']:.0f} s {s['test'].split('::')[-1].split('@')[0]}" for s in slowest)
