@@ -99,6 +99,10 @@ def episode_rows(runner) -> list[dict[str, Any]]:
     return rows
 
 
+ONLINE_SIGNALS = ("success_rate/train", "rewards/mean", "rewards/std", "frac_reward_zero_std", "trainable_groups", "loss",
+                  "clip_ratio", "importance_ratio_mean", "kl", "success_rate/heldout")
+
+
 def timing(runner) -> dict[str, Any]:
     """Seconds per policy step of every evaluation run, per online iteration split, and per training job."""
     evals = runner.state.query(
@@ -118,6 +122,8 @@ def timing(runner) -> dict[str, Any]:
             "reload_seconds": it["metrics"].get("reload_seconds"),
             "rollout_steps_per_second": it["metrics"].get("rollout_steps_per_second"),
             "update": it.get("update"),
+            # What the update had to learn from, and what it did: the evidence where a curve does not rise.
+            "signal": {k: it["metrics"][k] for k in ONLINE_SIGNALS if k in it["metrics"]},
         } for it in its]
     jobs = runner.state.query(
         "select run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds from runs "

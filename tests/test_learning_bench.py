@@ -136,3 +136,21 @@ def test_the_dashboard_shows_the_experiments_cells(policy_arms, monkeypatch):
     table = at.dataframe[0].value
     assert set(table.arm) == {"random", "heuristic"} and set(table.split) == {"test_seeds", "heldout_tasks"}
     assert (table[table.arm == "heuristic"]["pooled %"] == 100.0).all()
+
+
+def test_the_online_arms_learning_signal_is_reported_by_iteration():
+    """The evidence where a curve does not rise: each iteration's sampled success, reward spread, flat groups,
+    loss, clipping and held-out point, from the online run's train_metrics (as the export keeps them)."""
+    from bench.reports.learning_v1 import signal_table
+
+    timing = {"online_iterations": {"s0": [
+        {"iteration": 0, "update": "trained", "signal": {"success_rate/train": 0.25, "rewards/mean": 0.1, "rewards/std": 0.5,
+                                                          "frac_reward_zero_std": 1 / 6, "trainable_groups": 5, "loss": -0.002,
+                                                          "clip_ratio": 0.04}},
+        {"iteration": 1, "update": "skipped: every group has zero reward spread",
+         "signal": {"success_rate/train": 0.0, "frac_reward_zero_std": 1.0, "trainable_groups": 0, "success_rate/heldout": 0.5}},
+    ]}}
+    rows = signal_table(timing).splitlines()[2:]
+    assert rows == ["| s0 | 0 | 25 | 0.100 ± 0.500 | 17 | 5 | -0.0020 | 0.040 | – | trained |",
+                    "| s0 | 1 | 0 | – ± – | 100 | 0 | – | – | 50 | skipped: every group has zero reward spread |"]
+    assert signal_table({"online_iterations": {"s0": [{"iteration": 0, "update": "trained"}]}}) == ""  # an older export

@@ -149,6 +149,30 @@ def timing_table(timing: dict[str, Any]) -> str:
     return ("\n".join(lines) + "\n") if lines else "No timings yet.\n"
 
 
+def signal_table(timing: dict[str, Any]) -> str:
+    """online_grpo by iteration: what each update had to learn from (sampled success, reward spread, flat groups)
+    and what it did (loss, clipping, the held-out curve)."""
+    def num(value, fmt: str) -> str:
+        return "–" if value is None else format(value, fmt)
+
+    lines = []
+    for seed, its in (timing.get("online_iterations") or {}).items():
+        if not any("signal" in it for it in its):
+            continue
+        if not lines:
+            lines = ["| seed | iteration | sampled success % | reward mean ± std | flat groups % | trainable groups | loss | "
+                     "clip ratio | held-out dev % | update |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for it in its:
+            g = it.get("signal", {})
+            success, heldout, flat = g.get("success_rate/train"), g.get("success_rate/heldout"), g.get("frac_reward_zero_std")
+            lines.append(f"| {seed} | {it['iteration']} | {num(None if success is None else 100 * success, '.0f')} | "
+                         f"{num(g.get('rewards/mean'), '.3f')} ± {num(g.get('rewards/std'), '.3f')} | "
+                         f"{num(None if flat is None else 100 * flat, '.0f')} | {num(g.get('trainable_groups'), '.0f')} | "
+                         f"{num(g.get('loss'), '.4f')} | {num(g.get('clip_ratio'), '.3f')} | "
+                         f"{num(None if heldout is None else 100 * heldout, '.0f')} | {it.get('update')} |")
+    return ("\n".join(lines) + "\n") if lines else ""
+
+
 def report(results_dir: pathlib.Path) -> str:
     results_dir = pathlib.Path(results_dir)
     meta_path = results_dir / "meta.json"
@@ -171,7 +195,11 @@ def report(results_dir: pathlib.Path) -> str:
         out.append("**Per task** (pooled success %, attempts; train tasks first):\n\n" + per_task)
     out.append("**Curve** (held-out tasks, dev seeds):\n\n" + curve_table(rows))
     timing_path = results_dir / "timing.json"
-    out.append("**Seconds**:\n\n" + timing_table(json.loads(timing_path.read_text()) if timing_path.exists() else {}))
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    signal = signal_table(timing)
+    if signal:
+        out.append("**online_grpo by iteration** (the lake's `train_metrics` of each online run):\n\n" + signal)
+    out.append("**Seconds**:\n\n" + timing_table(timing))
     probe_path = results_dir / "speed-probe.json"
     if probe_path.exists():
         p = json.loads(probe_path.read_text())
