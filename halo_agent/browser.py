@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # Debian's package puts the real binary here; /usr/bin/chromium is a shell wrapper.
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 # Debian's chromium-headless-shell: the same engine built for headless use only (what Playwright itself launches
-# for headless=True), a launch about 2.3x cheaper in CPU than the full browser's.
+# for headless=True); a launch costs about a third of the full browser's CPU (`python -m bench browser`).
 HEADLESS_SHELL_CANDIDATES = ("/usr/lib/chromium/chromium-headless-shell", "/usr/bin/chromium-headless-shell")
 
 # Flags for a headless browser on a machine with no GPU, no network and root user.
@@ -302,7 +302,8 @@ def shared_playwright():
     return _own_playwright
 
 
-# The process's Chromium for each launch setting (headless, slow_mo, args): sessions share it, each in contexts of its own.
+# The process's Chromium for each launch setting (headless, slow_mo, args): sessions share it, each in contexts of its
+# own. It lives as long as the process (Playwright's driver ends it with the process).
 _browsers: dict[tuple, object] = {}
 
 
@@ -312,16 +313,6 @@ def _process_browser(key: tuple, launch):
     if browser is None or not browser.is_connected():
         browser = _browsers[key] = launch()
     return browser
-
-
-def close_process_browsers() -> None:
-    """Close every Chromium the process's sessions share (a process that ends needs not: the driver takes them)."""
-    while _browsers:
-        _, browser = _browsers.popitem()
-        try:
-            browser.close()
-        except Exception as e:
-            log.debug("closing Chromium failed: %s", e)
 
 
 class BrowserSession:

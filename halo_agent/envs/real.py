@@ -110,7 +110,7 @@ class ChatLog:
     RECORDED = ("user", "user_image", "assistant", "infeasible")
     recording_start_time = None
 
-    def __init__(self, headless: bool = True, chat_size: Any = None, record_video_dir: Any = None, modern: bool = True) -> None:
+    def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
 
     def add_message(self, role: str, msg: str) -> None:
