@@ -1,10 +1,11 @@
 """Playwright on Debian's Chromium, fully offline.
 
 ``playwright install`` cannot download here, and agisdk launches Chromium through
-Playwright without an ``executable_path`` (twice per episode, once with no
-arguments at all). So instead of passing paths around, ``setup`` makes the
-Playwright browsers folder hold links, at exactly the paths the installed
-Playwright looks for, to Debian's Chromium binary:
+Playwright without an ``executable_path`` (once per episode, and once more for its
+chat window, which HALO's REAL environment replaces with a message log when headless).
+So instead of passing paths around, ``setup`` makes the Playwright browsers folder hold
+links, at exactly the paths the installed Playwright looks for, to Debian's Chromium
+binaries (its headless shell for headless launches, where installed):
 
     python -m halo_agent.browser setup     # idempotent; .ci/setup runs it
     python -m halo_agent.browser check     # launch headless Chromium once
