@@ -63,7 +63,8 @@ def pytest_configure(config):
     out = os.environ.get("HALO_CPU_BY_TEST")
     if not out:
         return
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # This process's own xdist worker id (not PYTEST_XDIST_WORKER, which a pytest started by a worker's test inherits).
+    worker = getattr(config, "workerinput", {}).get("workerid")
     if worker is None and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
         return  # the controller runs no test; its workers each load this plugin
     try:
