@@ -58,7 +58,8 @@ def time_suite(checkout: Path, workers: int | None, timeout: float, cpu_by_test:
     """One run of the README's test command in ``checkout`` (with ``-n workers`` when given; with each test's CPU
     counted into ``cpu_by_test`` when given)."""
     command = README_COMMAND + ([] if workers is None else ["-n", str(workers)])
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # A wide terminal: pytest cuts each "FAILED test - reason" summary line to the width, which drops the reason.
+    env = {**os.environ, "PYTHONPATH": str(checkout), "COLUMNS": "400"}
     if cpu_by_test is not None:
         command += ["-p", "bench.cpu_by_test"]
         env["HALO_CPU_BY_TEST"] = str(cpu_by_test)
