@@ -14,12 +14,13 @@ The binaries take turns round by round, so the machine's load falls on both alik
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 BINARIES = {"chromium": "/usr/lib/chromium/chromium", "chromium-headless-shell": "/usr/lib/chromium/chromium-headless-shell"}
@@ -52,9 +53,6 @@ IMPORTS_ONLY = "import halo_agent.rollout, playwright.sync_api"
 
 def measure(script: str, binary: str, *args: str) -> dict:
     """Wall and CPU seconds of ``script`` in a fresh process (and every process it waited for) with ``binary``."""
-    import resource
-    import time
-
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script, *args], env={**os.environ, "HALO_CHROMIUM": binary},

@@ -80,11 +80,12 @@ def test_the_task_seed_changes_most_goals_and_names_one_instance_everywhere():
 @pytest.mark.parametrize("source", ["halo", "lifelongagentbench"])
 def test_every_evaluation_fails_before_the_reference_solution_and_passes_after(source, tmp_path):
     if source == "halo":
-        instances = [t.instance(seed) for t in load_tasks() for seed in TASK_SEEDS]
+        tasks = load_tasks()
+        instances = [t.instance(seed) for t in tasks for seed in TASK_SEEDS]
         # An instance its seed does not change (the same scripts) is checked once.
         distinct = {(t.task_id, t.instruction, t.init.script, t.evaluation.script, t.solution.script): t for t in instances}
         instances = list(distinct.values())
-        assert len(instances) > len(load_tasks())
+        assert len(instances) > len(tasks)
     else:
         (tmp_path / "lab.json").write_text(json.dumps(LAB_SAMPLES))
         instances = [t.instance(0) for t in load_tasks(tmp_path / "lab.json")]
