@@ -154,3 +154,25 @@ def test_the_online_arms_learning_signal_is_reported_by_iteration():
     assert rows == ["| s0 | 0 | 25 | 0.100 ± 0.500 | 17 | 5 | -0.0020 | 0.040 | – | trained |",
                     "| s0 | 1 | 0 | – ± – | 100 | 0 | – | – | 50 | skipped: every group has zero reward spread |"]
     assert signal_table({"online_iterations": {"s0": [{"iteration": 0, "update": "trained"}]}}) == ""  # an older export
+
+
+def test_an_online_curve_points_per_seed_runs_are_timed_as_one_row_and_a_resumed_iteration_is_marked():
+    from bench.reports.learning_v1 import timing_table
+
+    timing = {"eval_runs": [
+        {"run_id": "lv1-eval-dpo-s0-dev", "steps": 10, "policy_seconds_per_step": 0.5, "wall_seconds_per_step": 1.0},
+        {"run_id": "lv1-online_grpo-s0-eval-v2-s160000", "steps": 3, "policy_seconds_per_step": 1.0, "wall_seconds_per_step": 2.0},
+        {"run_id": "lv1-online_grpo-s0-eval-v2-s160001", "steps": 1, "policy_seconds_per_step": 5.0, "wall_seconds_per_step": 6.0},
+        {"run_id": "lv1-online_grpo-s0-eval-v4-s160000", "steps": 0, "policy_seconds_per_step": None, "wall_seconds_per_step": None},
+    ], "online_iterations": {"s0": [
+        {"iteration": 0, "iteration_seconds": 90.0, "rollout_seconds": 50.0, "update_seconds": 35.0, "reload_seconds": 0.4,
+         "update": "trained"},
+        {"iteration": 1, "iteration_seconds": 500.0, "rollout_seconds": 700.0, "update_seconds": 70.0, "reload_seconds": 0.2,
+         "update": "trained"},
+    ]}}
+    lines = timing_table(timing).splitlines()
+    assert lines[2:4] == ["| lv1-eval-dpo-s0-dev | 10 | 0.50 | 1.00 |",
+                          "| lv1-online_grpo-s0-eval-v2 (2 runs) | 4 | 2.00 | 3.00 |"]  # weighted by steps
+    assert lines[4] == ("- online_grpo s0 iteration 0: 90 s: rollout 50 s, update 35 s, reload 0.4 s, the rest "
+                        "(held-out curve, bookkeeping) 5 s (trained)")
+    assert lines[5].startswith("- online_grpo s0 iteration 1: interrupted and resumed: 500 s after the resume; rollout 700 s")

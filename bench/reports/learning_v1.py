@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -129,17 +130,43 @@ def curve_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# An online run's held-out curve evaluates each policy version as one run per dev seed: RUN-eval-vN-sSEED.
+_CURVE_RUN = re.compile(r"^(?P<version>.+-eval-v\d+)-s\d+$")
+
+
+def eval_timing_rows(eval_runs: list[dict[str, Any]]) -> list[tuple[str, int, float, float]]:
+    """(run, steps, policy s/step, wall s/step) per evaluation run, an online curve point's per-seed runs summed
+    into one row (``RUN-eval-vN``, its seconds weighted by steps)."""
+    grouped: dict[str, list[float]] = {}
+    for e in eval_runs:
+        if not e.get("steps"):
+            continue
+        m = _CURVE_RUN.match(e["run_id"])
+        key = f"{m['version']} ({{}} runs)" if m else e["run_id"]
+        g = grouped.setdefault(key, [0, 0.0, 0.0, 0])
+        g[0] += e["steps"]
+        g[1] += (e["policy_seconds_per_step"] or 0.0) * e["steps"]
+        g[2] += (e["wall_seconds_per_step"] or 0.0) * e["steps"]
+        g[3] += 1
+    return [(key.format(runs), steps, policy / steps, wall / steps) for key, (steps, policy, wall, runs) in grouped.items()]
+
+
 def timing_table(timing: dict[str, Any]) -> str:
     lines = []
-    evals = [e for e in timing.get("eval_runs", []) if e.get("steps")]
+    evals = eval_timing_rows(timing.get("eval_runs", []))
     if evals:
         lines += ["| run | steps | policy s/step | wall s/step |", "| --- | --- | --- | --- |"]
-        lines += [f"| {e['run_id']} | {e['steps']} | {e['policy_seconds_per_step'] or 0:.2f} | {e['wall_seconds_per_step'] or 0:.2f} |"
-                  for e in evals]
+        lines += [f"| {run} | {steps} | {policy:.2f} | {wall:.2f} |" for run, steps, policy, wall in evals]
     for seed, its in (timing.get("online_iterations") or {}).items():
         for it in its:
             total, update, reload = it.get("iteration_seconds") or 0.0, it.get("update_seconds") or 0.0, it.get("reload_seconds") or 0.0
             rollout = it.get("rollout_seconds") or 0.0
+            if rollout + update + reload > total + 1.0:
+                # A resumed iteration: its rollout's wall time runs from the first run's start, across the gap.
+                lines.append(f"- online_grpo {seed} iteration {it['iteration']}: interrupted and resumed: {total:.0f} s after "
+                             f"the resume; rollout {rollout:.0f} s (its wall time spans the gap), update {update:.0f} s, "
+                             f"reload {reload:.1f} s ({it.get('update')})")
+                continue
             lines.append(f"- online_grpo {seed} iteration {it['iteration']}: {total:.0f} s: rollout {rollout:.0f} s, update {update:.0f} s, "
                          f"reload {reload:.1f} s, the rest (held-out curve, bookkeeping) {max(0.0, total - rollout - update - reload):.0f} s "
                          f"({it.get('update')})")
