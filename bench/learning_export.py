@@ -5,6 +5,8 @@
   evaluated policy was trained with: the curve's x), version (online_grpo's served version on the dev curve) and
   run_id;
 - ``timing.json``: seconds per evaluation step, per online iteration (rollout, update, reload) and per training job;
+  the evidence behind the trained arms: online_grpo's per-iteration signal, each training seed's sample (successes
+  per task) and each bc/dpo job's rows and train_metrics at its start and end;
 - ``meta.json``: the protocol file and the commit that registered it, the planned episodes of every cell (the
   report marks the results partial while any is short), when it was exported;
 - ``adapters/ARM/``: the final LoRA adapter of each trained arm's first training seed, stored in float16.
@@ -126,11 +128,57 @@ def timing(runner) -> dict[str, Any]:
             "signal": {k: it["metrics"][k] for k in ONLINE_SIGNALS if k in it["metrics"]},
         } for it in its]
     jobs = runner.state.query(
-        "select run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds from runs "
+        "select run_id, job_type, output_dir, source_view, epoch(ended_at - started_at) AS job_seconds from runs "
         "where kind = 'train' and output_dir is not null order by run_id", views=False, tables=("runs",))
     root = str((runner.root / "adapters").resolve())
     train = [j for j in jobs if str(j["output_dir"] or "").startswith(root)]
-    return {"eval_runs": evals, "online_iterations": online, "train_jobs": train}
+    return {"eval_runs": evals, "online_iterations": online, "train_jobs": train, **offline_training(runner, train)}
+
+
+# What an offline job's train_metrics say it did, by job type: the mean of the first and of the last logged steps.
+OFFLINE_SIGNALS = {"bc": ("loss", "mean_token_accuracy", "entropy"),
+                   "dpo": ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")}
+SIGNAL_WINDOW = 4  # logged steps averaged at each end (one step is one batch: a single one is noisy)
+
+
+def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evidence behind the offline arms: each training seed's sample (episodes and successes per task: all that
+    bc_filtered and dpo learn from), and each bc/dpo job's data (the rows or pairs it read, the epochs over them) and
+    train_metrics."""
+    p = runner.p
+    samples = {}
+    for seed in p.training_seeds:
+        rows = runner.state.query("select task_id, count(*) AS episodes, sum(success::int) AS successes from episodes "
+                                  "where run_id = $r group by task_id order by task_id", {"r": p.sample_run(seed)})
+        if rows:
+            samples[f"s{seed}"] = {r["task_id"]: {"episodes": int(r["episodes"]), "successes": int(r["successes"])}
+                                   for r in rows}
+    offline = []
+    for job in jobs:
+        if job["job_type"] not in OFFLINE_SIGNALS:
+            continue
+        name = Path(str(job["output_dir"])).name  # ARM-sSEED
+        arm, _, seed = name.rpartition("-s")
+        # What the job read, as it recorded it when it saved: the view's rows then. (Counting the view now would
+        # not do: dpo_pairs pairs steps of one prompt across the whole lake, so a later run on the same task seeds
+        # takes over some of a sample's pairs.)
+        stats_file = Path(str(job["output_dir"])) / "final" / "training_stats.json"
+        stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+        metrics = runner.state.query(
+            "select metric, step, value from train_metrics where run_id = $r and list_contains($m, metric) "
+            "order by metric, step", {"r": job["run_id"], "m": list(OFFLINE_SIGNALS[job["job_type"]])},
+            views=False, tables=("train_metrics",))
+        by_metric: dict[str, list[float]] = {}
+        for m in metrics:
+            by_metric.setdefault(m["metric"], []).append(float(m["value"]))
+        offline.append({
+            "arm": arm, "training_seed": int(seed) if seed.isdigit() else seed, "job_type": job["job_type"],
+            "source": job["source_view"], "rows": stats.get("rows"), "epochs": stats.get("epoch"),
+            "logged_steps": max((len(v) for v in by_metric.values()), default=0), "window": SIGNAL_WINDOW,
+            "first": {k: sum(v[:SIGNAL_WINDOW]) / len(v[:SIGNAL_WINDOW]) for k, v in by_metric.items()},
+            "last": {k: sum(v[-SIGNAL_WINDOW:]) / len(v[-SIGNAL_WINDOW:]) for k, v in by_metric.items()},
+        })
+    return {"samples": samples, "offline_jobs": offline}
 
 
 def _git_commit_of(path: Path) -> str | None:

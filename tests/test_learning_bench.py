@@ -176,3 +176,45 @@ def test_an_online_curve_points_per_seed_runs_are_timed_as_one_row_and_a_resumed
     assert lines[4] == ("- online_grpo s0 iteration 0: 90 s: rollout 50 s, update 35 s, reload 0.4 s, the rest "
                         "(held-out curve, bookkeeping) 5 s (trained)")
     assert lines[5].startswith("- online_grpo s0 iteration 1: interrupted and resumed: 500 s after the resume; rollout 700 s")
+
+
+def test_the_offline_arms_evidence_is_what_each_job_read_and_its_metrics_at_both_ends(tmp_path):
+    """The export keeps each sample's successes per task, and each bc/dpo job's rows as the job recorded them when it
+    saved (not a recount of the view) with its train_metrics averaged over the first and the last logged steps."""
+    import datetime as dt
+    import json
+
+    from bench.learning_export import SIGNAL_WINDOW, timing
+    from bench.reports.learning_v1 import offline_table, sample_table
+    from halo_data.synthetic import SyntheticSpec, build_synthetic_lake
+    from halo_data.writer import append_rows
+
+    runner = Runner(load(small_protocol(tmp_path)), tmp_path / "root")
+    lake = build_synthetic_lake(str(runner.lake), SyntheticSpec(n_steps=120, attempts_per_task=4, min_steps=2, max_steps=4,
+                                                                screenshots=False, run_id=runner.p.sample_run(0)))
+    out = runner.adapter_dir("dpo", 0)
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "training_stats.json").write_text(json.dumps({"rows": 87, "epoch": 1.6}))
+    now = dt.datetime.now(dt.timezone.utc)
+    lake.upsert_runs([{"run_id": "train-dpo-1", "kind": "train", "job_type": "dpo", "output_dir": str(out.resolve()),
+                       "source_view": f"dpo_pairs WHERE run_id = '{runner.p.sample_run(0)}'", "started_at": now,
+                       "ended_at": now + dt.timedelta(seconds=60)}])
+    steps = range(1, 2 * SIGNAL_WINDOW + 2)
+    append_rows(lake, "train_metrics", [{"run_id": "train-dpo-1", "step": s, "epoch": None, "metric": m, "value": v(s),
+                                         "logged_at": now} for s in steps
+                                        for m, v in (("loss", lambda s: 0.7 - 0.01 * s), ("rewards/margins", float))])
+
+    t = timing(runner)
+    episodes = lake.query_arrow("select task_id, count(*) n, sum(success::int) s from episodes group by task_id").to_pylist()
+    assert t["samples"] == {"s0": {e["task_id"]: {"episodes": e["n"], "successes": e["s"]} for e in episodes}}
+    [job] = t["offline_jobs"]
+    assert (job["arm"], job["training_seed"], job["rows"], job["epochs"], job["logged_steps"]) == ("dpo", 0, 87, 1.6, len(steps))
+    assert job["first"]["rewards/margins"] == pytest.approx(sum(range(1, SIGNAL_WINDOW + 1)) / SIGNAL_WINDOW)
+    assert job["last"]["loss"] == pytest.approx(0.7 - 0.01 * (steps[-1] + steps[-SIGNAL_WINDOW]) / 2)
+    assert "mean_token_accuracy" not in job["first"]  # a bc metric: not a dpo job's
+
+    row = offline_table(t).splitlines()[2]
+    assert row.startswith("| dpo | s0 | 87 pairs | 1.6 | 0.675 → 0.625 |") and "| – |" in row  # no token accuracy for dpo
+    total = sum(e["s"] for e in episodes), sum(e["n"] for e in episodes)
+    assert sample_table(t).splitlines()[-1] == f"| all | {total[0]} of {total[1]} |"
+    assert offline_table({}) == sample_table({}) == ""  # an older export

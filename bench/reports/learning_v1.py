@@ -200,6 +200,49 @@ def signal_table(timing: dict[str, Any]) -> str:
     return ("\n".join(lines) + "\n") if lines else ""
 
 
+def sample_table(timing: dict[str, Any]) -> str:
+    """Successes per task in each training seed's sample: all that bc_filtered trains on (and dpo's chosen side)."""
+    samples = timing.get("samples") or {}
+    if not samples:
+        return ""
+    seeds = list(samples)
+    tasks = sorted({t for s in samples.values() for t in s})
+    lines = ["| task | " + " | ".join(seeds) + " |", "| --- |" + " --- |" * len(seeds)]
+    for task in tasks:
+        cells = [f"{samples[s][task]['successes']} of {samples[s][task]['episodes']}" if task in samples[s] else "–"
+                 for s in seeds]
+        lines.append(f"| {task.split('.', 1)[-1]} | " + " | ".join(cells) + " |")
+    totals = [f"{sum(c['successes'] for c in samples[s].values())} of {sum(c['episodes'] for c in samples[s].values())}"
+              for s in seeds]
+    lines.append("| all | " + " | ".join(totals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def offline_table(timing: dict[str, Any]) -> str:
+    """What each bc/dpo job read and what its train_metrics did, from the mean of its first logged steps to the
+    mean of its last (the export's window)."""
+    jobs = timing.get("offline_jobs") or []
+    if not jobs:
+        return ""
+
+    def move(job: dict[str, Any], metric: str, fmt: str) -> str:
+        a, b = job["first"].get(metric), job["last"].get(metric)
+        return "–" if a is None or b is None else f"{format(a, fmt)} → {format(b, fmt)}"
+
+    lines = ["| arm | seed | read | epochs | loss | token accuracy | preference accuracy | reward margin | "
+             "logp chosen | logp rejected |", "| --- |" + " --- |" * 9]
+    for job in sorted(jobs, key=lambda j: (ARM_ORDER.index(j["arm"]) if j["arm"] in ARM_ORDER else len(ARM_ORDER),
+                                           str(j["training_seed"]))):
+        unit = "pairs" if job["job_type"] == "dpo" else "rows"
+        read = "–" if job.get("rows") is None else f"{job['rows']} {unit}"
+        epochs = "–" if job.get("epochs") is None else f"{job['epochs']:.1f}"
+        lines.append(f"| {job['arm']} | s{job['training_seed']} | {read} | {epochs} | {move(job, 'loss', '.3f')} | "
+                     f"{move(job, 'mean_token_accuracy', '.2f')} | {move(job, 'rewards/accuracies', '.2f')} | "
+                     f"{move(job, 'rewards/margins', '.3f')} | {move(job, 'logps/chosen', '.1f')} | "
+                     f"{move(job, 'logps/rejected', '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(results_dir: pathlib.Path) -> str:
     results_dir = pathlib.Path(results_dir)
     meta_path = results_dir / "meta.json"
@@ -226,6 +269,15 @@ def report(results_dir: pathlib.Path) -> str:
     signal = signal_table(timing)
     if signal:
         out.append("**online_grpo by iteration** (the lake's `train_metrics` of each online run):\n\n" + signal)
+    samples = sample_table(timing)
+    if samples:
+        out.append("**The samples the offline arms learn from** (successes of the base model's sampled episodes, per "
+                   "task and training seed):\n\n" + samples)
+    offline = offline_table(timing)
+    if offline:
+        window = timing["offline_jobs"][0].get("window", "a few")
+        out.append(f"**bc_filtered and dpo training** (what each job read; its train_metrics from the mean of the first "
+                   f"{window} logged steps to the mean of the last {window}):\n\n" + offline)
     out.append("**Seconds**:\n\n" + timing_table(timing))
     probe_path = results_dir / "speed-probe.json"
     if probe_path.exists():
