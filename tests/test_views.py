@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 
 from halo_data import ids, prompts
+from halo_data.config import ViewParams
 from halo_data.lake import Lake
 from halo_data.writer import EpisodeWriter, append_rows
 
@@ -266,6 +267,27 @@ def test_dpo_pairs_worst_is_the_worst_whose_output_differs(tmp_path):
     got = rows(lake, "select chosen_episode_id, rejected_episode_id, chosen_score, rejected_score from dpo_pairs")
     assert got == [dict(chosen_episode_id=ids.episode_id("r", t, 1, 0), rejected_episode_id=ids.episode_id("r", t, 1, 1),
                         chosen_score=1.0, rejected_score=0.5)]
+
+
+def test_dpo_pairs_pair_across_the_lake_unless_the_scope_is_the_run(tmp_path):
+    t = "miniwob.pair"
+    lake = build(tmp_path / "lake", [
+        (episode("a", t, 0, success=True), [step("S", "click('x')", cumulative=1.0)]),
+        (episode("a", t, 1), [step("S", "click('y')", cumulative=0.5)]),
+        (episode("b", t, 0), [step("S", "click('z')", cumulative=0.0)]),   # the lake's worst at S
+        (episode("b", t, 1), [step("S", "click('x')", cumulative=0.8)]),
+    ])
+    sql = "select run_id, chosen_episode_id, rejected_episode_id from dpo_pairs order by all"
+    name = {ids.episode_id(r, t, 1, i): f"{r}{i}" for r in "ab" for i in (0, 1)}
+
+    def pairs(**params):
+        return [(r["run_id"], name[r["chosen_episode_id"]], name[r["rejected_episode_id"]]) for r in rows(lake, sql, **params)]
+
+    assert pairs() == [("a", "a0", "b0")]  # one pair per prompt over the lake: run b's own pair is taken over
+    assert pairs(dpo_scope="run") == [("a", "a0", "a1"), ("b", "b1", "b0")]
+    assert sorted(pairs(dpo_pairing="all", dpo_scope="run")) == [("a", "a0", "a1"), ("b", "b1", "b0")]
+    with pytest.raises(ValueError, match="dpo_scope must be lake or run"):
+        ViewParams(dpo_scope="task")
 
 
 def test_dpo_pairs_from_candidates(tmp_path):

@@ -1,4 +1,4 @@
--- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). From candidates: the best- and worst-scored differing samples at one state. From search trees (source 'mcts'): mcts_pairs, by default the highest- against the lowest-Q sibling of each node ('all': every pair), with the stored generation logprobs and the nodes they came from (chosen_node_id, rejected_node_id; NULL for the other sources).
+-- dpo_pairs: one row per preference pair: prompt, chosen, rejected. From episodes: steps with the same prompt in different episodes of a task, chosen from the higher-ranked episode, outputs differing (by default one pair per prompt: the best-ranked step against the worst-ranked one whose output differs; variable halo_dpo_pairing = 'all' keeps every ordered pair). Pairs are made across the whole lake, run_id naming the chosen step's run; variable halo_dpo_scope = 'run' pairs steps within each run only. From candidates: the best- and worst-scored differing samples at one state. From search trees (source 'mcts'): mcts_pairs, by default the highest- against the lowest-Q sibling of each node ('all': every pair), with the stored generation logprobs and the nodes they came from (chosen_node_id, rejected_node_id; NULL for the other sources).
 WITH ranked_steps AS (
     SELECT
         s.run_id,
@@ -38,6 +38,8 @@ episode_candidate_pairs AS (
         AND c.prompt_hash = r.prompt_hash
         AND c.rank < r.rank
         AND c.completion <> r.completion
+        -- variable halo_dpo_scope = 'run': a step is paired only with steps of its own run
+        AND (getvariable('halo_dpo_scope') IS DISTINCT FROM 'run' OR c.run_id = r.run_id)
 ),
 
 episode_pairs_by_key AS (
@@ -52,7 +54,7 @@ episode_pairs_by_key AS (
             ) = 1
             -- one pair per prompt: the best-ranked step against the worst-ranked step whose output differs
             ELSE row_number() OVER (
-                PARTITION BY task_id, prompt_hash
+                PARTITION BY task_id, prompt_hash, CASE WHEN getvariable('halo_dpo_scope') = 'run' THEN run_id END
                 ORDER BY chosen_rank, rejected_rank DESC, chosen_episode_id, rejected_episode_id,
                     chosen_step_idx, rejected_step_idx
             ) = 1
