@@ -4,9 +4,11 @@
   dev), task_id, task_seed, attempt, success, n_steps, shaped_return — plus env_steps (the environment steps the
   evaluated policy was trained with: the curve's x), version (online_grpo's served version on the dev curve) and
   run_id;
-- ``timing.json``: seconds per evaluation step, per online iteration (rollout, update, reload) and per training job;
-  the evidence behind the trained arms: online_grpo's per-iteration signal, each training seed's sample (successes
-  per task) and each bc/dpo job's rows and train_metrics at its start and end;
+- ``timing.json``: seconds per evaluation step, per online iteration (rollout, update, reload, and what the update
+  had to learn from) and per training job;
+- ``evidence.json``: what the offline arms learnt from (each training seed's sample, successes per task; each bc/dpo
+  job's rows, epochs and train_metrics at its start and end) and how new the evaluated states are (per split and
+  task, zero_shot's first pages and steps that some training run also had);
 - ``meta.json``: the protocol file and the commit that registered it, the planned episodes of every cell (the
   report marks the results partial while any is short), when it was exported;
 - ``adapters/ARM/``: the final LoRA adapter of each trained arm's first training seed, stored in float16.
@@ -128,17 +130,60 @@ def timing(runner) -> dict[str, Any]:
             "signal": {k: it["metrics"][k] for k in ONLINE_SIGNALS if k in it["metrics"]},
         } for it in its]
     jobs = runner.state.query(
-        "select run_id, job_type, output_dir, source_view, epoch(ended_at - started_at) AS job_seconds from runs "
+        "select run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds from runs "
         "where kind = 'train' and output_dir is not null order by run_id", views=False, tables=("runs",))
     root = str((runner.root / "adapters").resolve())
     train = [j for j in jobs if str(j["output_dir"] or "").startswith(root)]
-    return {"eval_runs": evals, "online_iterations": online, "train_jobs": train, **offline_training(runner, train)}
+    return {"eval_runs": evals, "online_iterations": online, "train_jobs": train}
 
 
 # What an offline job's train_metrics say it did, by job type: the mean of the first and of the last logged steps.
 OFFLINE_SIGNALS = {"bc": ("loss", "mean_token_accuracy", "entropy"),
                    "dpo": ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")}
 SIGNAL_WINDOW = 4  # logged steps averaged at each end (one step is one batch: a single one is noisy)
+
+
+def evidence(runner) -> dict[str, Any]:
+    """What the trained arms learnt from, and how new the evaluated states are: ``samples``, ``offline_jobs`` and
+    ``state_novelty`` (online_grpo's per-iteration signal is in timing.json, beside its seconds)."""
+    jobs = runner.state.query(
+        "select run_id, job_type, output_dir, source_view from runs where kind = 'train' and output_dir is not null "
+        "order by run_id", views=False, tables=("runs",))
+    root = str((runner.root / "adapters").resolve())
+    return {**offline_training(runner, [j for j in jobs if str(j["output_dir"] or "").startswith(root)]),
+            "state_novelty": state_novelty(runner)}
+
+
+def training_runs(runner) -> list[str]:
+    """Every run whose episodes some trained arm learnt from: each training seed's sample and online rollouts."""
+    p = runner.p
+    runs = [p.sample_run(seed) for seed in p.training_seeds]
+    for seed in p.arm_seeds("online_grpo") if "online_grpo" in p.arms else ():
+        runs += [it["rollout_run"] for it in runner.state.online_iterations(p.online_run(seed))]
+    return runs
+
+
+def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
+    """How new the evaluated states are, per split and task: of zero_shot's evaluation episodes, how many start on a
+    page some training run also started or stepped on (its prompt, hashed: the first page does not depend on the
+    policy), and of its steps, how many have a prompt some training run had. Where the observation renders a task's
+    pages alike for every seed, its test seeds are training states again."""
+    p = runner.p
+    if "zero_shot" not in p.arms:
+        return {}
+    splits = {c.run_id: c.split for c in p.eval_cells("zero_shot", p.arm_seeds("zero_shot")[0]) if c.split != "dev"}
+    rows = runner.state.query(
+        "with seen as (select distinct prompt_hash from steps where list_contains($train, run_id)) "
+        "select run_id, task_id, count(*) filter (where step_idx = 0) AS episodes, "
+        "count(*) filter (where step_idx = 0 and prompt_hash in (select prompt_hash from seen)) AS first_state_seen, "
+        "count(*) AS steps, count(*) filter (where prompt_hash in (select prompt_hash from seen)) AS steps_seen "
+        "from steps where list_contains($eval, run_id) group by run_id, task_id order by run_id, task_id",
+        {"train": training_runs(runner), "eval": sorted(splits)}, views=False, tables=("steps",))
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        out.setdefault(splits[r["run_id"]], {})[r["task_id"]] = {
+            k: int(r[k]) for k in ("episodes", "first_state_seen", "steps", "steps_seen")}
+    return out
 
 
 def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -215,6 +260,7 @@ def export(runner, results: Path) -> str:
     ]))
     pq.write_table(table, results / "episodes.parquet")
     (results / "timing.json").write_text(json.dumps(timing(runner), indent=1, default=str) + "\n")
+    (results / "evidence.json").write_text(json.dumps(evidence(runner), indent=1, default=str) + "\n")
     p = runner.p
     planned = {c.run_id: {"arm": c.arm, "training_seed": c.training_seed, "split": c.split, "episodes": c.episodes}
                for arm in p.arms for seed in p.arm_seeds(arm) for c in p.eval_cells(arm, seed)}

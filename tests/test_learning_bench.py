@@ -178,14 +178,15 @@ def test_an_online_curve_points_per_seed_runs_are_timed_as_one_row_and_a_resumed
     assert lines[5].startswith("- online_grpo s0 iteration 1: interrupted and resumed: 500 s after the resume; rollout 700 s")
 
 
-def test_the_offline_arms_evidence_is_what_each_job_read_and_its_metrics_at_both_ends(tmp_path):
-    """The export keeps each sample's successes per task, and each bc/dpo job's rows as the job recorded them when it
-    saved (not a recount of the view) with its train_metrics averaged over the first and the last logged steps."""
+def test_the_evidence_is_what_each_job_read_its_metrics_at_both_ends_and_the_test_states_seen_in_training(tmp_path):
+    """The export keeps each sample's successes per task; each bc/dpo job's rows as the job recorded them when it
+    saved (not a recount of the view) with its train_metrics averaged over the first and the last logged steps; and
+    which of zero_shot's test pages a training run had."""
     import datetime as dt
     import json
 
-    from bench.learning_export import SIGNAL_WINDOW, timing
-    from bench.reports.learning_v1 import offline_table, sample_table
+    from bench.learning_export import SIGNAL_WINDOW, evidence
+    from bench.reports.learning_v1 import novelty_table, offline_table, repeating_tasks, sample_table, without_tasks_table
     from halo_data.synthetic import SyntheticSpec, build_synthetic_lake
     from halo_data.writer import append_rows
 
@@ -203,18 +204,32 @@ def test_the_offline_arms_evidence_is_what_each_job_read_and_its_metrics_at_both
     append_rows(lake, "train_metrics", [{"run_id": "train-dpo-1", "step": s, "epoch": None, "metric": m, "value": v(s),
                                          "logged_at": now} for s in steps
                                         for m, v in (("loss", lambda s: 0.7 - 0.01 * s), ("rewards/margins", float))])
+    # zero_shot's test seeds: one episode starts on a page the sample had, then leaves it; another starts anew.
+    [trained] = lake.query_arrow("select prompt_hash from steps where step_idx = 0 limit 1").to_pylist()
+    test_run = next(c.run_id for c in runner.p.eval_cells("zero_shot", 0) if c.split == "test_seeds")
+    append_rows(lake, "steps", [{"run_id": test_run, "episode_id": e, "task_id": "miniwob.click-button", "step_idx": i,
+                                 "prompt_hash": h} for e, i, h in (("t1", 0, trained["prompt_hash"]), ("t1", 1, "new-1"),
+                                                                    ("t2", 0, "new-2"))])
 
-    t = timing(runner)
-    episodes = lake.query_arrow("select task_id, count(*) n, sum(success::int) s from episodes group by task_id").to_pylist()
+    t = evidence(runner)
+    episodes = lake.query_arrow("select task_id, count(*) n, sum(success::int) s from episodes "
+                                f"where run_id = '{runner.p.sample_run(0)}' group by task_id").to_pylist()
     assert t["samples"] == {"s0": {e["task_id"]: {"episodes": e["n"], "successes": e["s"]} for e in episodes}}
     [job] = t["offline_jobs"]
     assert (job["arm"], job["training_seed"], job["rows"], job["epochs"], job["logged_steps"]) == ("dpo", 0, 87, 1.6, len(steps))
     assert job["first"]["rewards/margins"] == pytest.approx(sum(range(1, SIGNAL_WINDOW + 1)) / SIGNAL_WINDOW)
     assert job["last"]["loss"] == pytest.approx(0.7 - 0.01 * (steps[-1] + steps[-SIGNAL_WINDOW]) / 2)
     assert "mean_token_accuracy" not in job["first"]  # a bc metric: not a dpo job's
+    assert t["state_novelty"] == {"test_seeds": {"miniwob.click-button": {"episodes": 2, "first_state_seen": 1, "steps": 3,
+                                                                          "steps_seen": 1}}}
 
     row = offline_table(t).splitlines()[2]
     assert row.startswith("| dpo | s0 | 87 pairs | 1.6 | 0.675 → 0.625 |") and "| – |" in row  # no token accuracy for dpo
     total = sum(e["s"] for e in episodes), sum(e["n"] for e in episodes)
     assert sample_table(t).splitlines()[-1] == f"| all | {total[0]} of {total[1]} |"
-    assert offline_table({}) == sample_table({}) == ""  # an older export
+    assert novelty_table(t).splitlines()[2] == "| test_seeds | click-button | 1 of 2 | 1 of 3 |"
+    assert repeating_tasks(t) == ["miniwob.click-button"]  # half its test seeds start on a training page
+    assert offline_table({}) == sample_table({}) == novelty_table({}) == ""  # an older export
+    results = [{"arm": "zero_shot", "split": "test_seeds", "task_id": task, "success": ok}
+               for task, ok in (("miniwob.click-button", True), ("miniwob.click-option", True), ("miniwob.click-option", False))]
+    assert without_tasks_table(results, "test_seeds", repeating_tasks(t)).splitlines()[2] == "| zero_shot | 2 | 50.0 [9.5, 90.5] |"

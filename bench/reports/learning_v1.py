@@ -200,9 +200,9 @@ def signal_table(timing: dict[str, Any]) -> str:
     return ("\n".join(lines) + "\n") if lines else ""
 
 
-def sample_table(timing: dict[str, Any]) -> str:
+def sample_table(evidence: dict[str, Any]) -> str:
     """Successes per task in each training seed's sample: all that bc_filtered trains on (and dpo's chosen side)."""
-    samples = timing.get("samples") or {}
+    samples = evidence.get("samples") or {}
     if not samples:
         return ""
     seeds = list(samples)
@@ -218,10 +218,10 @@ def sample_table(timing: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def offline_table(timing: dict[str, Any]) -> str:
+def offline_table(evidence: dict[str, Any]) -> str:
     """What each bc/dpo job read and what its train_metrics did, from the mean of its first logged steps to the
     mean of its last (the export's window)."""
-    jobs = timing.get("offline_jobs") or []
+    jobs = evidence.get("offline_jobs") or []
     if not jobs:
         return ""
 
@@ -240,6 +240,44 @@ def offline_table(timing: dict[str, Any]) -> str:
                      f"{move(job, 'mean_token_accuracy', '.2f')} | {move(job, 'rewards/accuracies', '.2f')} | "
                      f"{move(job, 'rewards/margins', '.3f')} | {move(job, 'logps/chosen', '.1f')} | "
                      f"{move(job, 'logps/rejected', '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+REPEATING = 0.5  # a task whose test seeds start on training pages this often is called repeating
+
+
+def novelty_table(evidence: dict[str, Any]) -> str:
+    """Per task of the test splits: zero_shot's first pages and steps that some training run also had."""
+    novelty = evidence.get("state_novelty") or {}
+    lines = []
+    for split in SPLIT_ORDER[:2]:
+        for task, n in sorted((novelty.get(split) or {}).items()):
+            if not lines:
+                lines = ["| split | task | first pages seen in training | zero_shot steps seen in training |",
+                         "| --- | --- | --- | --- |"]
+            lines.append(f"| {split} | {task.split('.', 1)[-1]} | {n['first_state_seen']} of {n['episodes']} | "
+                         f"{n['steps_seen']} of {n['steps']} |")
+    return ("\n".join(lines) + "\n") if lines else ""
+
+
+def repeating_tasks(evidence: dict[str, Any]) -> list[str]:
+    """Train tasks whose test seeds mostly start on pages a training run had (the observation renders every seed
+    alike): their test seeds measure memory of training states, not new seeds."""
+    tasks = (evidence.get("state_novelty") or {}).get("test_seeds") or {}
+    return sorted(t for t, n in tasks.items() if n["episodes"] and n["first_state_seen"] / n["episodes"] >= REPEATING)
+
+
+def without_tasks_table(rows: list[dict[str, Any]], split: str, dropped: list[str]) -> str:
+    """Pooled success per arm on a split with some tasks left out (an exploratory reading, not the protocol's)."""
+    by_arm: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["split"] == split and r["task_id"] not in dropped:
+            by_arm[r["arm"]][0] += int(r["success"])
+            by_arm[r["arm"]][1] += 1
+    lines = ["| arm | attempts | pooled [95% Wilson] |", "| --- | --- | --- |"]
+    for arm in _ordered(by_arm):
+        k, n = by_arm[arm]
+        lines.append(f"| {arm} | {n} | {_pct(k / n)} {_interval(*wilson(k, n))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -269,13 +307,26 @@ def report(results_dir: pathlib.Path) -> str:
     signal = signal_table(timing)
     if signal:
         out.append("**online_grpo by iteration** (the lake's `train_metrics` of each online run):\n\n" + signal)
-    samples = sample_table(timing)
+    evidence_path = results_dir / "evidence.json"
+    evidence = json.loads(evidence_path.read_text()) if evidence_path.exists() else {}
+    novelty = novelty_table(evidence)
+    if novelty:
+        out.append("**How new the test states are** (zero_shot's evaluation episodes: first pages, and steps, whose "
+                   "prompt some training run also had; the first page does not depend on the policy):\n\n" + novelty)
+        repeating = repeating_tasks(evidence)
+        if repeating:
+            names = ", ".join(t.split(".", 1)[-1] for t in repeating)
+            out.append(f"At least {100 * REPEATING:.0f}% of the test seeds of {names} start on a page that training "
+                       "had: the observation renders those seeds alike, so there they measure memory of training "
+                       "states rather than new seeds. The test seeds without them, an exploratory reading that the "
+                       "protocol did not register:\n\n" + without_tasks_table(rows, "test_seeds", repeating))
+    samples = sample_table(evidence)
     if samples:
         out.append("**The samples the offline arms learn from** (successes of the base model's sampled episodes, per "
                    "task and training seed):\n\n" + samples)
-    offline = offline_table(timing)
+    offline = offline_table(evidence)
     if offline:
-        window = timing["offline_jobs"][0].get("window", "a few")
+        window = evidence["offline_jobs"][0].get("window", "a few")
         out.append(f"**bc_filtered and dpo training** (what each job read; its train_metrics from the mean of the first "
                    f"{window} logged steps to the mean of the last {window}):\n\n" + offline)
     out.append("**Seconds**:\n\n" + timing_table(timing))
