@@ -233,3 +233,22 @@ def test_the_evidence_is_what_each_job_read_its_metrics_at_both_ends_and_the_tes
     results = [{"arm": "zero_shot", "split": "test_seeds", "task_id": task, "success": ok}
                for task, ok in (("miniwob.click-button", True), ("miniwob.click-option", True), ("miniwob.click-option", False))]
     assert without_tasks_table(results, "test_seeds", repeating_tasks(t)).splitlines()[2] == "| zero_shot | 2 | 50.0 [9.5, 90.5] |"
+
+
+def test_each_registered_target_is_decided_by_its_pooled_difference_and_interval():
+    from bench.reports.learning_v1 import targets_table
+
+    def episodes(arm, split, successes, attempts):
+        return [{"arm": arm, "training_seed": 0, "split": split, "task_id": "miniwob.t", "version": None,
+                 "success": i < successes} for i in range(attempts)]
+
+    rows = (episodes("zero_shot", "test_seeds", 20, 100) + episodes("bc_filtered", "test_seeds", 70, 100)
+            + episodes("dpo", "test_seeds", 30, 100) + episodes("online_grpo", "test_seeds", 68, 100)
+            + episodes("zero_shot", "heldout_tasks", 50, 100) + episodes("dpo", "heldout_tasks", 52, 100))
+    lines = targets_table(rows).splitlines()[2:]
+    assert lines[0].startswith("| test_seeds: best trained arm ≥ zero_shot + 20 points | bc_filtered: +50.0 [")
+    assert lines[0].endswith("| met, its whole interval too |")
+    assert lines[1].endswith("| dpo: +2.0 [-11.6, +15.5] | not met by the estimate; the interval reaches it |")
+    assert lines[2].startswith("| test_seeds: online_grpo ≥ bc_filtered at equal environment steps | online_grpo − bc_filtered: -2.0")
+    assert len(lines) == 3  # no online_grpo on the held-out tasks: no comparison there
+    assert targets_table(episodes("random", "test_seeds", 1, 2)) == ""
