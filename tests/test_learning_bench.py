@@ -252,3 +252,10 @@ def test_each_registered_target_is_decided_by_its_pooled_difference_and_interval
     assert lines[2].startswith("| test_seeds: online_grpo ≥ bc_filtered at equal environment steps | online_grpo − bc_filtered: -2.0")
     assert len(lines) == 3  # no online_grpo on the held-out tasks: no comparison there
     assert targets_table(episodes("random", "test_seeds", 1, 2)) == ""
+
+    from bench.reports.learning_v1 import seed_task_table
+
+    second = [{**r, "training_seed": 1, "success": False} for r in episodes("bc_filtered", "test_seeds", 0, 4)]
+    assert seed_task_table(rows + second).splitlines() == [
+        "| task | bc_filtered s0 | bc_filtered s1 | dpo s0 | online_grpo s0 |", "| --- | --- | --- | --- | --- |",
+        "| t | 70 | 0 | 30 | 68 |"]  # trained arms only, a column per training seed

@@ -93,6 +93,25 @@ def split_table(rows: list[dict[str, Any]], split: str, planned: dict[str, Any])
     return "\n".join(lines) + "\n"
 
 
+def seed_task_table(rows: list[dict[str, Any]], split: str = "test_seeds") -> str:
+    """Success per task (rows) and trained arm's training seed (columns) on one split: where seeds differ, which
+    tasks make the difference."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["split"] == split and r.get("version") is None and r["arm"] in TRAINED:
+            c = counts[(r["task_id"], f"{r['arm']} s{r['training_seed']}")]
+            c[0] += int(r["success"])
+            c[1] += 1
+    if not counts:
+        return ""
+    columns = sorted({col for _, col in counts}, key=lambda c: (TRAINED.index(c.split()[0]), c))
+    lines = ["| task | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for task in sorted({t for t, _ in counts}):
+        lines.append(f"| {task.split('.', 1)[-1]} | " + " | ".join(
+            f"{100 * counts[(task, c)][0] / counts[(task, c)][1]:.0f}" if (task, c) in counts else "–" for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 TRAINED = ("bc_filtered", "dpo", "online_grpo")
 # The protocol's targets (its statistics.targets), as differences of pooled rates on a split.
 TARGETS = (("test_seeds", "best trained arm ≥ zero_shot + 20 points", 0.20),
@@ -344,6 +363,9 @@ def report(results_dir: pathlib.Path) -> str:
     per_task = task_table(rows)
     if per_task:
         out.append("**Per task** (pooled success %, attempts; train tasks first):\n\n" + per_task)
+    per_seed = seed_task_table(rows)
+    if per_seed:
+        out.append("**Per task and training seed** (test seeds of the train tasks, success %):\n\n" + per_seed)
     out.append("**Curve** (held-out tasks, dev seeds):\n\n" + curve_table(rows))
     timing_path = results_dir / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
