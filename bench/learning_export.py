@@ -129,12 +129,16 @@ def timing(runner) -> dict[str, Any]:
             # What the update had to learn from, and what it did: the evidence where a curve does not rise.
             "signal": {k: it["metrics"][k] for k in ONLINE_SIGNALS if k in it["metrics"]},
         } for it in its]
-    jobs = runner.state.query(
-        "select run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds from runs "
-        "where kind = 'train' and output_dir is not null order by run_id", views=False, tables=("runs",))
-    root = str((runner.root / "adapters").resolve())
-    train = [j for j in jobs if str(j["output_dir"] or "").startswith(root)]
+    train = _train_jobs(runner, "run_id, job_type, output_dir, epoch(ended_at - started_at) AS job_seconds")
     return {"eval_runs": evals, "online_iterations": online, "train_jobs": train}
+
+
+def _train_jobs(runner, columns: str) -> list[dict[str, Any]]:
+    """The ``runs`` rows (``columns`` of them) of the training jobs that wrote under this experiment's adapters."""
+    jobs = runner.state.query(f"select {columns} from runs where kind = 'train' and output_dir is not null "
+                              "order by run_id", views=False, tables=("runs",))
+    root = str((runner.root / "adapters").resolve())
+    return [j for j in jobs if str(j["output_dir"] or "").startswith(root)]
 
 
 # What an offline job's train_metrics say it did, by job type: the mean of the first and of the last logged steps.
@@ -146,12 +150,8 @@ SIGNAL_WINDOW = 4  # logged steps averaged at each end (one step is one batch: a
 def evidence(runner) -> dict[str, Any]:
     """What the trained arms learnt from, and how new the evaluated states are: ``samples``, ``offline_jobs`` and
     ``state_novelty`` (online_grpo's per-iteration signal is in timing.json, beside its seconds)."""
-    jobs = runner.state.query(
-        "select run_id, job_type, output_dir, source_view from runs where kind = 'train' and output_dir is not null "
-        "order by run_id", views=False, tables=("runs",))
-    root = str((runner.root / "adapters").resolve())
-    return {**offline_training(runner, [j for j in jobs if str(j["output_dir"] or "").startswith(root)]),
-            "state_novelty": state_novelty(runner)}
+    jobs = _train_jobs(runner, "run_id, job_type, output_dir, source_view")
+    return {**offline_training(runner, jobs), "state_novelty": state_novelty(runner)}
 
 
 def training_runs(runner) -> list[str]:
