@@ -47,7 +47,7 @@ def _view_params(params: tuple[str, ...], top_percent: float | None = None) -> d
     if top_percent is not None:
         out["top_percent"] = top_percent
     for k, v in list(out.items()):
-        if k not in ("dpo_pairing", "dpo_scope"):
+        if k not in ("dpo_pairing", "dpo_scope", "group_scope"):
             try:
                 out[k] = float(v)
             except ValueError:
@@ -87,7 +87,7 @@ def init(ctx: click.Context, path: str | None, lake_path: str) -> None:
 @click.option("--parquet", "parquet_file", type=click.Path(dir_okay=False), help="Write the result to a Parquet FILE.")
 @click.option("--as-of", help="Read an older snapshot: N (steps version), TABLE=N[,TABLE=N], or an ISO time.")
 @click.option("-p", "--param", "named", nargs=2, multiple=True, metavar="NAME VALUE", help="Named SQL parameter ($NAME).")
-@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, w_<component>.")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope, w_<component>.")
 @run_cli
 def query(sql: str, lake_path: str, fmt: str | None, parquet_file: str | None, as_of: str | None, named, view_params) -> None:
     """Run read-only SQL (or - for stdin) against the lake's tables and views."""
@@ -163,7 +163,7 @@ def describe(name: str, lake_path: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Default: from OUTPUT's suffix.")
 @click.option("--where", help="SQL filter on the view's columns.")
 @click.option("--top-percent", type=float, help="Top-percent cut of progress_ranking (bc_rows).")
-@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, w_<component>.")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope, w_<component>.")
 @click.option("--as-of", help="Read an older snapshot (see query).")
 @run_cli
 def export(view: str, output: str, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None, view_params, as_of: str | None) -> None:

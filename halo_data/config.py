@@ -39,6 +39,7 @@ class ViewParams:
     top_percent: float = dataclasses.field(default=50.0, metadata={"help": "Top-percent cut of progress_ranking used by bc_rows (0 < p <= 100)."})
     dpo_pairing: str = dataclasses.field(default="best_vs_worst", metadata={"help": "best_vs_worst | all: which episode pairs of a prompt become DPO pairs."})
     dpo_scope: str = dataclasses.field(default="lake", metadata={"help": "lake | run: pair a prompt's episode steps across every run, or within each run only."})
+    group_scope: str = dataclasses.field(default="lake", metadata={"help": "lake | run: a grpo_groups group holds a task seed's attempts by one policy_version from every run, or from one run only."})
     weights: RewardWeights = dataclasses.field(default_factory=RewardWeights)
 
     def __post_init__(self) -> None:
@@ -48,8 +49,9 @@ class ViewParams:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.dpo_pairing not in ("best_vs_worst", "all"):
             raise ValueError(f"dpo_pairing must be best_vs_worst or all, got {self.dpo_pairing!r}")
-        if self.dpo_scope not in ("lake", "run"):
-            raise ValueError(f"dpo_scope must be lake or run, got {self.dpo_scope!r}")
+        for name in ("dpo_scope", "group_scope"):
+            if getattr(self, name) not in ("lake", "run"):
+                raise ValueError(f"{name} must be lake or run, got {getattr(self, name)!r}")
         if isinstance(self.weights, dict):
             self.weights = RewardWeights(**self.weights)
 
@@ -61,6 +63,7 @@ class ViewParams:
             "halo_top_percent": float(self.top_percent),
             "halo_dpo_pairing": self.dpo_pairing,
             "halo_dpo_scope": self.dpo_scope,
+            "halo_group_scope": self.group_scope,
         }
         for k, v in self.weights.as_dict().items():
             out[f"halo_w_{k}"] = v
@@ -77,7 +80,7 @@ class ViewParams:
             elif k in {f.name for f in dataclasses.fields(self)} and k != "weights":
                 plain[k] = type(getattr(self, k))(v)
             else:
-                raise ValueError(f"unknown view parameter {k!r}: use gamma, omega, top_percent, dpo_pairing, dpo_scope or w_<component>")
+                raise ValueError(f"unknown view parameter {k!r}: use gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope or w_<component>")
         return dataclasses.replace(self, weights=weights, **plain)
 
 

@@ -534,7 +534,9 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
                 policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
                 max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, batch_size=cfg.batch_size,
                 seed=cfg.seed + version,
-                params=_view_weights(cfg),
+                # Its own run's groups only: another run's attempts at the same task seed carry the same version
+                # names ('0', '1', ...) but come from another policy.
+                params={**_view_weights(cfg), "group_scope": "run"},
                 beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
             ))
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now

@@ -196,6 +196,9 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(killed_and
     losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
                          "group by run_id order by run_id")
     assert [(r["run_id"], r["n"]) for r in losses] == [("online-u1", 1), ("online-u2", 1)]
+    # Each update groups its own run's attempts only (another run's versions are named '0', '1', ... too).
+    updates = query(lake, "select config from runs where run_id like 'online-u%'")
+    assert [json.loads(u["config"])["params"]["group_scope"] for u in updates] == ["run", "run"]
     assert "iteration 1:" in killed_and_resumed["stdout"]
 
 

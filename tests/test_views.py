@@ -336,6 +336,27 @@ def test_grpo_episode_level_groups_advantages_and_zero_std(lake):
     assert g["e0", 0]["member_id"] == EP["e0"]
 
 
+def test_grpo_groups_span_runs_unless_the_scope_is_the_run(tmp_path):
+    """Two online runs name their versions alike ('1'): by default one group holds both runs' attempts at a task
+    seed; group_scope=run keeps each run's own."""
+    t = "miniwob.group"
+    lake = build(tmp_path / "lake", [
+        (episode(run, t, i, policy_version="1", success=ok), [step("S", "click('x')", success=1.0 if ok else 0.0)])
+        for run, i, ok in (("a", 0, True), ("a", 1, False), ("b", 0, True), ("b", 1, True))
+    ])
+    sql = "select g.run_id, attempt_idx, group_key, group_size, zero_std, advantage from grpo_groups g join episodes " \
+          "using (episode_id) where level = 'episode' order by g.run_id, attempt_idx"
+    lake_wide = rows(lake, sql)
+    assert {r["group_key"] for r in lake_wide} == {f"{t}|1|1"} and {r["group_size"] for r in lake_wide} == {4}
+    assert [r["advantage"] > 0 for r in lake_wide] == [True, False, True, True]  # b's successes move a's mean
+    per_run = rows(lake, sql, group_scope="run")
+    assert [(r["run_id"], r["group_key"], r["group_size"], r["zero_std"]) for r in per_run] == [
+        ("a", f"{t}|1|1|a", 2, False), ("a", f"{t}|1|1|a", 2, False), ("b", f"{t}|1|1|b", 2, True), ("b", f"{t}|1|1|b", 2, True)]
+    assert [r["advantage"] for r in per_run] == [pytest.approx(-per_run[1]["advantage"]), per_run[1]["advantage"], 0.0, 0.0]
+    with pytest.raises(ValueError, match="group_scope must be lake or run"):
+        ViewParams(group_scope="task")
+
+
 def test_grpo_step_level_anchor_states_shared_across_attempts(lake):
     gamma, omega = 0.5, 0.5
     s = grpo(lake, "step", gamma=gamma, omega=omega)

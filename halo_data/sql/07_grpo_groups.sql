@@ -1,9 +1,13 @@
--- grpo_groups: long form, one row per (level, member step). level 'episode': every step of every episode in a group of attempts of one task with the same task_seed and policy_version, rewarded with its episode's shaped return. level 'step': steps taken from the same state_hash (an anchor state) inside one episode group, rewarded with their discounted return (variable halo_gamma). advantage = reward - group_mean (Dr. GRPO, unscaled; exactly 0 in a zero-std group); combined_advantage = A_episode + omega * A_step on both levels (variable halo_omega; A_step is 0 for an anchor seen once).
+-- grpo_groups: long form, one row per (level, member step). level 'episode': every step of every episode in a group of attempts of one task with the same task_seed and policy_version (and run_id, variable halo_group_scope = 'run'), rewarded with its episode's shaped return. level 'step': steps taken from the same state_hash (an anchor state) inside one episode group, rewarded with their discounted return (variable halo_gamma). advantage = reward - group_mean (Dr. GRPO, unscaled; exactly 0 in a zero-std group); combined_advantage = A_episode + omega * A_step on both levels (variable halo_omega; A_step is 0 for an anchor seen once).
 
 -- Groups are computed on compact keys (an integer per episode group, the state_hash within it) over one row per
 -- member step; the text columns and the group_key strings join once, at the end, where each step becomes its two rows.
 WITH episode_rewards AS (
-    SELECT episode_id, task_id, task_seed, coalesce(policy_version, '') AS version, shaped_return AS reward
+    SELECT
+        episode_id, task_id, task_seed, coalesce(policy_version, '') AS version, shaped_return AS reward,
+        -- variable halo_group_scope = 'run': a group holds one run's attempts only (policy_version names such as an
+        -- online run's '0', '1', ... repeat across runs)
+        CASE WHEN getvariable('halo_group_scope') = 'run' THEN run_id ELSE '' END AS scope
     FROM episodes
     WHERE error IS NULL
 ),
@@ -13,14 +17,15 @@ episode_groups AS (
         task_id,
         task_seed,
         version,
+        scope,
         -- ordered by the group's own key, so the same group gets the same id wherever this is evaluated
-        row_number() OVER (ORDER BY task_id, task_seed, version) AS group_id,
+        row_number() OVER (ORDER BY task_id, task_seed, version, scope) AS group_id,
         sorted_avg(reward) AS group_mean,
         coalesce(sorted_stddev_samp(reward), 0) AS group_std,
         count(*) AS group_size,
         (max(reward) - min(reward)) <= 1e-9 AS zero_std
     FROM episode_rewards
-    GROUP BY task_id, task_seed, version
+    GROUP BY task_id, task_seed, version, scope
 ),
 
 episode_members AS (
@@ -36,6 +41,7 @@ episode_members AS (
     FROM episode_rewards AS e
     JOIN episode_groups AS g
         ON e.task_id = g.task_id AND e.task_seed IS NOT DISTINCT FROM g.task_seed AND e.version = g.version
+        AND e.scope = g.scope
 ),
 
 -- what the return's window sorts: keys and numbers only
@@ -121,7 +127,8 @@ member_texts AS (
         s.prompt,
         s.model_output AS completion,
         s.logprob_sum,
-        concat_ws('|', s.task_id, coalesce(CAST(s.task_seed AS VARCHAR), ''), coalesce(s.policy_version, '')) AS episode_group_key
+        concat_ws('|', s.task_id, coalesce(CAST(s.task_seed AS VARCHAR), ''), coalesce(s.policy_version, ''),
+                  CASE WHEN getvariable('halo_group_scope') = 'run' THEN s.run_id END) AS episode_group_key
     FROM scored AS c
     JOIN steps AS s USING (episode_id, step_idx)
 )
