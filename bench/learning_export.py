@@ -164,8 +164,8 @@ def training_runs(runner) -> list[str]:
 
 
 def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
-    """How new the evaluated states are, per split and task: of zero_shot's evaluation episodes, how many start on a
-    page some training run also started or stepped on (its prompt, hashed: the first page does not depend on the
+    """How new the evaluated states are, per split and task: of zero_shot's evaluation episodes, how many different
+    first pages they start on, how many start on a page some training run also started or stepped on (its prompt, hashed: the first page does not depend on the
     policy), and of its steps, how many have a prompt some training run had. Where the observation renders a task's
     pages alike for every seed, its test seeds are training states again."""
     p = runner.p
@@ -175,6 +175,7 @@ def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
     rows = runner.state.query(
         "with seen as (select distinct prompt_hash from steps where list_contains($train, run_id)) "
         "select run_id, task_id, count(*) filter (where step_idx = 0) AS episodes, "
+        "count(distinct prompt_hash) filter (where step_idx = 0) AS distinct_first_pages, "
         "count(*) filter (where step_idx = 0 and prompt_hash in (select prompt_hash from seen)) AS first_state_seen, "
         "count(*) AS steps, count(*) filter (where prompt_hash in (select prompt_hash from seen)) AS steps_seen "
         "from steps where list_contains($eval, run_id) group by run_id, task_id order by run_id, task_id",
@@ -182,7 +183,7 @@ def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rows:
         out.setdefault(splits[r["run_id"]], {})[r["task_id"]] = {
-            k: int(r[k]) for k in ("episodes", "first_state_seen", "steps", "steps_seen")}
+            k: int(r[k]) for k in ("episodes", "distinct_first_pages", "first_state_seen", "steps", "steps_seen")}
     return out
 
 

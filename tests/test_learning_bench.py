@@ -220,14 +220,14 @@ def test_the_evidence_is_what_each_job_read_its_metrics_at_both_ends_and_the_tes
     assert job["first"]["rewards/margins"] == pytest.approx(sum(range(1, SIGNAL_WINDOW + 1)) / SIGNAL_WINDOW)
     assert job["last"]["loss"] == pytest.approx(0.7 - 0.01 * (steps[-1] + steps[-SIGNAL_WINDOW]) / 2)
     assert "mean_token_accuracy" not in job["first"]  # a bc metric: not a dpo job's
-    assert t["state_novelty"] == {"test_seeds": {"miniwob.click-button": {"episodes": 2, "first_state_seen": 1, "steps": 3,
-                                                                          "steps_seen": 1}}}
+    assert t["state_novelty"] == {"test_seeds": {"miniwob.click-button": {
+        "episodes": 2, "distinct_first_pages": 2, "first_state_seen": 1, "steps": 3, "steps_seen": 1}}}
 
     row = offline_table(t).splitlines()[2]
     assert row.startswith("| dpo | s0 | 87 pairs | 1.6 | 0.675 → 0.625 |") and "| – |" in row  # no token accuracy for dpo
     total = sum(e["s"] for e in episodes), sum(e["n"] for e in episodes)
     assert sample_table(t).splitlines()[-1] == f"| all | {total[0]} of {total[1]} |"
-    assert novelty_table(t).splitlines()[2] == "| test_seeds | click-button | 1 of 2 | 1 of 3 |"
+    assert novelty_table(t).splitlines()[2] == "| test_seeds | click-button | 2 of 2 | 1 of 2 | 1 of 3 |"
     assert repeating_tasks(t) == ["miniwob.click-button"]  # half its test seeds start on a training page
     assert offline_table({}) == sample_table({}) == novelty_table({}) == ""  # an older export
     results = [{"arm": "zero_shot", "split": "test_seeds", "task_id": task, "success": ok}

@@ -306,16 +306,17 @@ REPEATING = 0.5  # a task whose test seeds start on training pages this often is
 
 
 def novelty_table(evidence: dict[str, Any]) -> str:
-    """Per task of the test splits: zero_shot's first pages and steps that some training run also had."""
+    """Per task of the test splits: how many different first pages zero_shot's episodes start on, and its first
+    pages and steps that some training run also had."""
     novelty = evidence.get("state_novelty") or {}
     lines = []
     for split in SPLIT_ORDER[:2]:
         for task, n in sorted((novelty.get(split) or {}).items()):
             if not lines:
-                lines = ["| split | task | first pages seen in training | zero_shot steps seen in training |",
-                         "| --- | --- | --- | --- |"]
-            lines.append(f"| {split} | {task.split('.', 1)[-1]} | {n['first_state_seen']} of {n['episodes']} | "
-                         f"{n['steps_seen']} of {n['steps']} |")
+                lines = ["| split | task | different first pages | first pages seen in training | "
+                         "zero_shot steps seen in training |", "| --- | --- | --- | --- | --- |"]
+            lines.append(f"| {split} | {task.split('.', 1)[-1]} | {n.get('distinct_first_pages', '–')} of {n['episodes']} | "
+                         f"{n['first_state_seen']} of {n['episodes']} | {n['steps_seen']} of {n['steps']} |")
     return ("\n".join(lines) + "\n") if lines else ""
 
 
