@@ -136,6 +136,10 @@ def test_the_dashboard_shows_the_experiments_cells(policy_arms, monkeypatch):
     table = at.dataframe[0].value
     assert set(table.arm) == {"random", "heuristic"} and set(table.split) == {"test_seeds", "heldout_tasks"}
     assert (table[table.arm == "heuristic"]["pooled %"] == 100.0).all()
+    assert (table["attempts"] == 2).all()  # a cell's tasks summed: 2 test seeds of one task per split
+    by_task = at.dataframe[1].value
+    assert set(by_task.task_id) == {"miniwob.click-button", "miniwob.click-test"}
+    assert (by_task["heuristic s0"] == 100.0).all() and {"random s0", "heuristic s0"} <= set(by_task.columns)
 
 
 def test_the_online_arms_learning_signal_is_reported_by_iteration():

@@ -1,5 +1,6 @@
 """Experiments: a pre-registered learning experiment's evaluation cells (bench/protocols/, `python -m bench learning`)
-read from its lake — success per arm and split with the registered intervals, and the held-out curve."""
+read from its lake — success per arm and split with the registered intervals, per task and training seed, and the
+held-out curve."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SELECT
     regexp_extract(run_id, '^(.+)-eval-(.+)-s(\d+)-(test_seeds|heldout_tasks|dev)$', 2) AS arm,
     CAST(regexp_extract(run_id, '^(.+)-eval-(.+)-s(\d+)-(test_seeds|heldout_tasks|dev)$', 3) AS INTEGER) AS training_seed,
     regexp_extract(run_id, '^(.+)-eval-(.+)-s(\d+)-(test_seeds|heldout_tasks|dev)$', 4) AS split,
+    task_id,
     count(*) AS attempts,
     sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
     avg(n_steps) AS mean_steps
@@ -58,7 +60,8 @@ def arm_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Per experiment, split and arm: seeds, attempts, the mean over seeds with its t interval, the pooled rate with
     its Wilson interval (the protocol's statistics)."""
     rows = []
-    for (experiment, split, arm), g in cells.groupby(["experiment", "split", "arm"], sort=True):
+    for (experiment, split, arm), by_task in cells.groupby(["experiment", "split", "arm"], sort=True):
+        g = by_task.groupby("training_seed")[["successes", "attempts"]].sum()
         s, n = int(g.successes.sum()), int(g.attempts.sum())
         m, lo, hi = mean_interval(list(g.successes / g.attempts))
         wl, wh = wilson(s, n)
@@ -67,6 +70,14 @@ def arm_table(cells: pd.DataFrame) -> pd.DataFrame:
                      "t high": None if hi is None else 100 * hi, "pooled %": 100 * s / n, "Wilson low": 100 * wl,
                      "Wilson high": 100 * wh})
     return pd.DataFrame(rows)
+
+
+def task_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Success % per experiment, split and task (rows) and per arm's training seed (columns): where arms or seeds
+    differ, which tasks make the difference."""
+    table = cells.assign(column=cells.arm + " s" + cells.training_seed.astype(str),
+                         success=100 * cells.successes / cells.attempts)
+    return table.pivot_table(index=["experiment", "split", "task_id"], columns="column", values="success").reset_index()
 
 
 st.title("Experiments")
@@ -79,7 +90,9 @@ if data.require_steps(snap):
     else:
         st.caption("Success per arm (%), 95% intervals: t over training seeds, Wilson over the pooled attempts.")
         st.dataframe(arm_table(cells), hide_index=True, width="stretch")
-        with st.expander("Every cell"):
+        st.caption("Success per task and training seed (%).")
+        st.dataframe(task_table(cells), hide_index=True, width="stretch")
+        with st.expander("Every cell, by task"):
             st.dataframe(cells, hide_index=True, width="stretch")
     curve = snap.df(CURVE_SQL)
     if not curve.empty:
