@@ -341,10 +341,13 @@ def without_tasks_table(rows: list[dict[str, Any]], split: str, dropped: list[st
     return "\n".join(lines) + "\n"
 
 
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def report(results_dir: pathlib.Path) -> str:
     results_dir = pathlib.Path(results_dir)
-    meta_path = results_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = _read_json(results_dir / "meta.json")
     planned = meta.get("planned", {})
     rows = load_rows(results_dir)
     done: dict[str, int] = defaultdict(int)
@@ -356,49 +359,37 @@ def report(results_dir: pathlib.Path) -> str:
     if short:
         out.append(f"**PARTIAL**: {len(planned) - len(short)} of {len(planned)} planned evaluation cells are complete; "
                    "the figures below are of the episodes that exist and say nothing about the arms still missing.\n")
+
+    def section(heading: str, body: str) -> None:
+        if body:  # a section with nothing to show yet (an older export, an arm not run) is left out
+            out.append(f"{heading}:\n\n{body}")
+
     for split in SPLIT_ORDER[:2]:
-        out.append(f"**{split}** (success %, 95% intervals):\n\n" + split_table(rows, split, planned))
-    targets = targets_table(rows)
-    if targets:
-        out.append("**Targets** (the protocol's `statistics.targets`, reported whatever they show):\n\n" + targets)
-    per_task = task_table(rows)
-    if per_task:
-        out.append("**Per task** (pooled success %, attempts; train tasks first):\n\n" + per_task)
-    per_seed = seed_task_table(rows)
-    if per_seed:
-        out.append("**Per task and training seed** (test seeds of the train tasks, success %):\n\n" + per_seed)
-    out.append("**Curve** (held-out tasks, dev seeds):\n\n" + curve_table(rows))
-    timing_path = results_dir / "timing.json"
-    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
-    signal = signal_table(timing)
-    if signal:
-        out.append("**online_grpo by iteration** (the lake's `train_metrics` of each online run):\n\n" + signal)
-    evidence_path = results_dir / "evidence.json"
-    evidence = json.loads(evidence_path.read_text()) if evidence_path.exists() else {}
-    novelty = novelty_table(evidence)
-    if novelty:
-        out.append("**How new the test states are** (zero_shot's evaluation episodes: first pages, and steps, whose "
-                   "prompt some training run also had; the first page does not depend on the policy):\n\n" + novelty)
-        repeating = repeating_tasks(evidence)
-        if repeating:
-            names = ", ".join(t.split(".", 1)[-1] for t in repeating)
-            out.append(f"At least {100 * REPEATING:.0f}% of the test seeds of {names} start on a page that training "
-                       "had: the observation renders those seeds alike, so there they measure memory of training "
-                       "states rather than new seeds. The test seeds without them, an exploratory reading that the "
-                       "protocol did not register:\n\n" + without_tasks_table(rows, "test_seeds", repeating))
-    samples = sample_table(evidence)
-    if samples:
-        out.append("**The samples the offline arms learn from** (successes of the base model's sampled episodes, per "
-                   "task and training seed):\n\n" + samples)
-    offline = offline_table(evidence)
-    if offline:
-        window = evidence["offline_jobs"][0].get("window", "a few")
-        out.append(f"**bc_filtered and dpo training** (what each job read; its train_metrics from the mean of the first "
-                   f"{window} logged steps to the mean of the last {window}):\n\n" + offline)
-    out.append("**Seconds**:\n\n" + timing_table(timing))
-    probe_path = results_dir / "speed-probe.json"
-    if probe_path.exists():
-        p = json.loads(probe_path.read_text())
+        section(f"**{split}** (success %, 95% intervals)", split_table(rows, split, planned))
+    section("**Targets** (the protocol's `statistics.targets`, reported whatever they show)", targets_table(rows))
+    section("**Per task** (pooled success %, attempts; train tasks first)", task_table(rows))
+    section("**Per task and training seed** (test seeds of the train tasks, success %)", seed_task_table(rows))
+    section("**Curve** (held-out tasks, dev seeds)", curve_table(rows))
+    timing = _read_json(results_dir / "timing.json")
+    section("**online_grpo by iteration** (the lake's `train_metrics` of each online run)", signal_table(timing))
+    evidence = _read_json(results_dir / "evidence.json")
+    section("**How new the test states are** (zero_shot's evaluation episodes: first pages, and steps, whose prompt some "
+            "training run also had; the first page does not depend on the policy)", novelty_table(evidence))
+    repeating = repeating_tasks(evidence)
+    if repeating:
+        names = ", ".join(t.split(".", 1)[-1] for t in repeating)
+        section(f"At least {100 * REPEATING:.0f}% of the test seeds of {names} start on a page that training had: the "
+                "observation renders those seeds alike, so there they measure memory of training states rather than "
+                "new seeds. The test seeds without them, an exploratory reading that the protocol did not register",
+                without_tasks_table(rows, "test_seeds", repeating))
+    section("**The samples the offline arms learn from** (successes of the base model's sampled episodes, per task and "
+            "training seed)", sample_table(evidence))
+    window = (evidence.get("offline_jobs") or [{}])[0].get("window", "a few")
+    section(f"**bc_filtered and dpo training** (what each job read; its train_metrics from the mean of the first "
+            f"{window} logged steps to the mean of the last {window})", offline_table(evidence))
+    section("**Seconds**", timing_table(timing))
+    p = _read_json(results_dir / "speed-probe.json")
+    if p:
         out.append(f"One online-grpo iteration outside the experiment ({p['date']}, load {p['load_average_1min']} on "
                    f"{p['cpus']} CPUs; `{p['command']}`): rollout {p['rollout_seconds']:.0f} s for {p['rollout_steps']} steps "
                    f"({p['policy_seconds_per_step']:.2f} s per policy step), update {p['update_seconds']:.0f} s for "
