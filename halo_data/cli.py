@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, check_lake_path, fail, run_cli, version_option
+from halo_data.config import PARAM_NAMES
 from halo_data.lake import Lake, LakeError
 
 
@@ -41,13 +42,13 @@ _NO_SUCH_TABLE = re.compile(r"^Catalog Error: Table with name (.+) does not exis
 
 
 def _view_params(params: tuple[str, ...], top_percent: float | None = None) -> dict[str, Any]:
-    from halo_data.config import parse_params
+    from halo_data.config import TEXT_PARAMS, parse_params
 
     out: dict[str, Any] = dict(parse_params(params))
     if top_percent is not None:
         out["top_percent"] = top_percent
     for k, v in list(out.items()):
-        if k not in ("dpo_pairing", "dpo_scope", "group_scope"):
+        if k not in TEXT_PARAMS:
             try:
                 out[k] = float(v)
             except ValueError:
@@ -87,7 +88,7 @@ def init(ctx: click.Context, path: str | None, lake_path: str) -> None:
 @click.option("--parquet", "parquet_file", type=click.Path(dir_okay=False), help="Write the result to a Parquet FILE.")
 @click.option("--as-of", help="Read an older snapshot: N (steps version), TABLE=N[,TABLE=N], or an ISO time.")
 @click.option("-p", "--param", "named", nargs=2, multiple=True, metavar="NAME VALUE", help="Named SQL parameter ($NAME).")
-@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope, w_<component>.")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help=f"View parameter: {PARAM_NAMES}.")
 @run_cli
 def query(sql: str, lake_path: str, fmt: str | None, parquet_file: str | None, as_of: str | None, named, view_params) -> None:
     """Run read-only SQL (or - for stdin) against the lake's tables and views."""
@@ -163,7 +164,7 @@ def describe(name: str, lake_path: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Default: from OUTPUT's suffix.")
 @click.option("--where", help="SQL filter on the view's columns.")
 @click.option("--top-percent", type=float, help="Top-percent cut of progress_ranking (bc_rows).")
-@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help="View parameter: gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope, w_<component>.")
+@click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help=f"View parameter: {PARAM_NAMES}.")
 @click.option("--as-of", help="Read an older snapshot (see query).")
 @run_cli
 def export(view: str, output: str, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None, view_params, as_of: str | None) -> None:

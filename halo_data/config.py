@@ -80,8 +80,13 @@ class ViewParams:
             elif k in {f.name for f in dataclasses.fields(self)} and k != "weights":
                 plain[k] = type(getattr(self, k))(v)
             else:
-                raise ValueError(f"unknown view parameter {k!r}: use gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope or w_<component>")
+                raise ValueError(f"unknown view parameter {k!r}: use {PARAM_NAMES}")
         return dataclasses.replace(self, weights=weights, **plain)
+
+
+# The views' parameters by name, as the CLIs' help and errors list them; TEXT_PARAMS are words, the others numbers.
+TEXT_PARAMS = tuple(f.name for f in dataclasses.fields(ViewParams) if f.type in (str, "str"))
+PARAM_NAMES = ", ".join(f.name for f in dataclasses.fields(ViewParams) if f.name != "weights") + ", w_<component>"
 
 
 def parse_params(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

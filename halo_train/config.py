@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from halo_data.config import PARAM_NAMES
 from halo_data.lake import LakeError
 
 
@@ -92,7 +93,7 @@ class TrainConfig:
     view: str = _field("", "View to read; the job's own view by default (bc_rows, dpo_pairs, grpo_groups).")
     where: str | None = _field(None, "SQL filter on the view's rows, e.g. \"task_id LIKE 'miniwob.%'\".")
     top_percent: float | None = _field(None, "Top-percent cut of progress_ranking that bc_rows keeps (view default 50).")
-    params: dict = _field({}, "View parameters NAME=VALUE (gamma, omega, dpo_pairing, dpo_scope, group_scope, w_<component>).")
+    params: dict = _field({}, f"View parameters NAME=VALUE ({PARAM_NAMES}).")
     as_of: str | None = _field(None, "Read the lake as of table versions (N, TABLE=N[,TABLE=N]) or an ISO time.")
     base_model: str = _field("", "Base model: a local folder, a known model name (halo-train models) or a hub id.")
     output_dir: str = _field("", "Folder for checkpoints and the final adapter; out/<job> by default.")

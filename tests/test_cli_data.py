@@ -136,7 +136,7 @@ def test_query_views_and_view_parameters(shared_lake):
     assert ok(sql, "--lake", shared_lake.root, "--csv", "--set", "w_success=3") == (
         "run_id,attempt_idx,shaped_return\nr1,0,3.0\nr1,1,0.0\nr2,0,0.0\n")
     assert error(sql, "--lake", shared_lake.root, "--set", "w_speed=1") == (
-        "Error: unknown view parameter 'w_speed': use gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope or w_<component>")
+        "Error: unknown view parameter 'w_speed': use gamma, omega, top_percent, dpo_pairing, dpo_scope, group_scope, w_<component>")
     assert error(sql, "--lake", shared_lake.root, "--set", "gamma") == (
         "Error: bad parameter 'gamma': write NAME=VALUE, e.g. gamma=0.95")
 
