@@ -16,6 +16,7 @@ from halo_data.stats import mean_interval, newcombe, welch_interval, wilson
 
 SPLIT_ORDER = ("test_seeds", "heldout_tasks", "dev")
 ARM_ORDER = ("zero_shot", "random", "heuristic", "bc_filtered", "dpo", "online_grpo")
+TRAINED = ("bc_filtered", "dpo", "online_grpo")
 RUN = "`python -m bench learning run`"
 
 
@@ -52,8 +53,23 @@ def cells(rows: list[dict[str, Any]], split: str) -> dict[str, dict[int, tuple[i
     return {arm: {seed: (s, n) for seed, (s, n) in seeds.items()} for arm, seeds in out.items()}
 
 
+def _arm_rank(arm: str) -> int:
+    return ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER)
+
+
 def _ordered(arms) -> list[str]:
-    return sorted(arms, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), a))
+    return sorted(arms, key=lambda a: (_arm_rank(a), a))
+
+
+def _final_counts(rows: list[dict[str, Any]], keep, column) -> dict[tuple[str, str], list[int]]:
+    """(task, column(row)) -> [successes, attempts] of the final policies' episodes that ``keep`` keeps."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r.get("version") is None and keep(r):
+            c = counts[(r["task_id"], column(r))]
+            c[0] += int(r["success"])
+            c[1] += 1
+    return counts
 
 
 def _pooled(seeds: dict[int, tuple[int, int]]) -> tuple[int, int]:
@@ -96,12 +112,8 @@ def split_table(rows: list[dict[str, Any]], split: str, planned: dict[str, Any])
 def seed_task_table(rows: list[dict[str, Any]], split: str = "test_seeds") -> str:
     """Success per task (rows) and trained arm's training seed (columns) on one split: where seeds differ, which
     tasks make the difference."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["split"] == split and r.get("version") is None and r["arm"] in TRAINED:
-            c = counts[(r["task_id"], f"{r['arm']} s{r['training_seed']}")]
-            c[0] += int(r["success"])
-            c[1] += 1
+    counts = _final_counts(rows, lambda r: r["split"] == split and r["arm"] in TRAINED,
+                           lambda r: f"{r['arm']} s{r['training_seed']}")
     if not counts:
         return ""
     columns = sorted({col for _, col in counts}, key=lambda c: (TRAINED.index(c.split()[0]), c))
@@ -112,7 +124,6 @@ def seed_task_table(rows: list[dict[str, Any]], split: str = "test_seeds") -> st
     return "\n".join(lines) + "\n"
 
 
-TRAINED = ("bc_filtered", "dpo", "online_grpo")
 # The protocol's targets (its statistics.targets), as differences of pooled rates on a split.
 TARGETS = (("test_seeds", "best trained arm ≥ zero_shot + 20 points", 0.20),
            ("heldout_tasks", "best trained arm ≥ zero_shot + 5 points", 0.05))
@@ -154,12 +165,7 @@ def targets_table(rows: list[dict[str, Any]]) -> str:
 
 def task_table(rows: list[dict[str, Any]]) -> str:
     """Pooled success per task (rows) and arm (columns), final policies, test seeds of every task."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["split"] != "dev" and r.get("version") is None:
-            c = counts[(r["task_id"], r["arm"])]
-            c[0] += int(r["success"])
-            c[1] += 1
+    counts = _final_counts(rows, lambda r: r["split"] != "dev", lambda r: r["arm"])
     if not counts:
         return ""
     arms = _ordered({arm for _, arm in counts})
@@ -183,7 +189,7 @@ def curve_table(rows: list[dict[str, Any]]) -> str:
     if not points:
         return "No curve points yet.\n"
     lines = ["| arm | environment steps | held-out success on dev seeds [95% Wilson] | episodes |", "| --- | --- | --- | --- |"]
-    for (arm, steps) in sorted(points, key=lambda k: (ARM_ORDER.index(k[0]) if k[0] in ARM_ORDER else len(ARM_ORDER), k[1])):
+    for (arm, steps) in sorted(points, key=lambda k: (_arm_rank(k[0]), k[1])):
         s, n = points[(arm, steps)]
         lines.append(f"| {arm} | {steps} | {_pct(s / n)} {_interval(*wilson(s, n))} | {n} |")
     return "\n".join(lines) + "\n"
@@ -268,9 +274,9 @@ def sample_table(evidence: dict[str, Any]) -> str:
     tasks = sorted({t for s in samples.values() for t in s})
     lines = ["| task | " + " | ".join(seeds) + " |", "| --- |" + " --- |" * len(seeds)]
     for task in tasks:
-        cells = [f"{samples[s][task]['successes']} of {samples[s][task]['episodes']}" if task in samples[s] else "–"
-                 for s in seeds]
-        lines.append(f"| {task.split('.', 1)[-1]} | " + " | ".join(cells) + " |")
+        counts = [f"{samples[s][task]['successes']} of {samples[s][task]['episodes']}" if task in samples[s] else "–"
+                  for s in seeds]
+        lines.append(f"| {task.split('.', 1)[-1]} | " + " | ".join(counts) + " |")
     totals = [f"{sum(c['successes'] for c in samples[s].values())} of {sum(c['episodes'] for c in samples[s].values())}"
               for s in seeds]
     lines.append("| all | " + " | ".join(totals) + " |")
@@ -290,8 +296,7 @@ def offline_table(evidence: dict[str, Any]) -> str:
 
     lines = ["| arm | seed | read | epochs | loss | token accuracy | preference accuracy | reward margin | "
              "logp chosen | logp rejected |", "| --- |" + " --- |" * 9]
-    for job in sorted(jobs, key=lambda j: (ARM_ORDER.index(j["arm"]) if j["arm"] in ARM_ORDER else len(ARM_ORDER),
-                                           str(j["training_seed"]))):
+    for job in sorted(jobs, key=lambda j: (_arm_rank(j["arm"]), str(j["training_seed"]))):
         unit = "pairs" if job["job_type"] == "dpo" else "rows"
         read = "–" if job.get("rows") is None else f"{job['rows']} {unit}"
         epochs = "–" if job.get("epochs") is None else f"{job['epochs']:.1f}"
