@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-BINARIES = {"chromium": "/usr/lib/chromium/chromium", "chromium-headless-shell": "/usr/lib/chromium/chromium-headless-shell"}
-
 LAUNCH = """
 import sys, time
 from halo_agent.browser import CHROMIUM_ARGS, chromium_executable, ensure_environment
@@ -71,7 +69,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--episodes", type=int, default=32, help="MiniWoB++ episodes per measurement (a multiple of 4)")
     ap.add_argument("--rounds", type=int, default=3, help="measurements per binary, taken in turns")
     a = ap.parse_args(argv)
-    binaries = {name: path for name, path in BINARIES.items() if os.access(path, os.X_OK)}
+    from halo_agent.browser import CHROMIUM_CANDIDATES, HEADLESS_SHELL_CANDIDATES
+
+    # Each binary where HALO itself looks for it (the first installed candidate).
+    found = {name: next((c for c in candidates if os.access(c, os.X_OK)), None)
+             for name, candidates in (("chromium", CHROMIUM_CANDIDATES), ("chromium-headless-shell", HEADLESS_SHELL_CANDIDATES))}
+    binaries = {name: path for name, path in found.items() if path}
     if len(binaries) < 2:
         raise SystemExit("Error: needs Debian's chromium and chromium-headless-shell "
                          "(apt-get install chromium chromium-headless-shell)")

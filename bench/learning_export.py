@@ -168,10 +168,10 @@ def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
     first pages they start on, how many start on a page some training run also started or stepped on (its prompt, hashed: the first page does not depend on the
     policy), and of its steps, how many have a prompt some training run had. Where the observation renders a task's
     pages alike for every seed, its test seeds are training states again."""
-    p = runner.p
-    if "zero_shot" not in p.arms:
+    splits = {run: info["split"] for run, info in _eval_runs(runner).items()
+              if info["arm"] == "zero_shot" and info["split"] != "dev"}
+    if not splits:
         return {}
-    splits = {c.run_id: c.split for c in p.eval_cells("zero_shot", p.arm_seeds("zero_shot")[0]) if c.split != "dev"}
     rows = runner.state.query(
         "with seen as (select distinct prompt_hash from steps where list_contains($train, run_id)) "
         "select run_id, task_id, count(*) filter (where step_idx = 0) AS episodes, "
