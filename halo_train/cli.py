@@ -377,6 +377,15 @@ main.add_command(_online_command())
 main.add_command(_mcts_command())
 
 
+def _experiment_group() -> click.Group:
+    from halo_train.experiment.cli import experiment
+
+    return experiment
+
+
+main.add_command(_experiment_group())
+
+
 @main.command("serve", context_settings={"ignore_unknown_options": False})
 @click.option("--base-model", default=None, help="Base model folder, known model name (halo-train models) or hub id the engine serves.")
 @click.option("--adapters", "adapters", multiple=True, metavar="NAME=DIR [NAME=DIR ...]",

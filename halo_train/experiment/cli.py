@@ -1,0 +1,152 @@
+"""``halo-train experiment``: screen, register, run, status, export and report a pre-registered experiment."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from halo_data.cli_support import CONTEXT_SETTINGS, run_cli
+
+ROOT_HELP = "Where the lake, adapters, logs and records go (default: runs/NAME beside the working directory)."
+
+
+def _setup(protocol: str, root: str | None, **kw):
+    from halo_train.experiment.protocol import load
+    from halo_train.experiment.runner import Runner
+
+    p = load(protocol)
+    return Runner(p, Path(root or Path("runs") / p.name), **kw)
+
+
+def _results(runner, results: str | None) -> Path:
+    return Path(results) if results else runner.cwd.parent / "results" / runner.p.name
+
+
+def _logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger = logging.getLogger("halo_train.experiment")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+protocol_argument = click.argument("protocol", metavar="PROTOCOL.yaml")
+root_option = click.option("--root", default=None, help=ROOT_HELP)
+
+
+@click.group("experiment", context_settings=CONTEXT_SETTINGS)
+def experiment() -> None:
+    """Pre-registered experiments: a protocol file (tasks, splits, arms, seeds, budget, statistics, targets),
+    screened on dev seeds, registered at a commit, run stage by stage (resumed exactly, each test split once),
+    exported and reported. See docs/learning.md."""
+
+
+@experiment.command("register")
+@protocol_argument
+@root_option
+@run_cli
+def register_command(protocol: str, root: str | None) -> None:
+    """Record the protocol file's sha256 and the code's commit in the root: stages run only at that commit.
+    Run it again at a new commit to let later stages run there (the file itself may not change once a stage ran)."""
+    runner = _setup(protocol, root)
+    reg = runner.records.register(runner.p)
+    where = reg["commit"] or f"halo {reg['packages'].get('halo')} (not a git checkout)"
+    click.echo(f"registered {runner.p.name} (sha256 {reg['protocol_sha256'][:12]}) at {where}"
+               f"{' with uncommitted changes' if reg['dirty'] else ''} in {runner.records.registration_file}")
+    if reg["protocol_commit"] is None:
+        click.echo(f"note: {runner.p.path} is not committed as it is: commit it to make the registration public")
+
+
+@experiment.command("run")
+@protocol_argument
+@root_option
+@click.option("--arms", default=None, help="Only these arms, comma-separated.")
+@click.option("--seeds", default=None, help="Only these training seeds, comma-separated.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Rollout worker processes (browsers).")
+@click.option("--dry-run", is_flag=True, help="Print the commands instead of running them (no records, no checks).")
+@run_cli
+def run_command(protocol: str, root: str | None, arms: str | None, seeds: str | None, workers: int, dry_run: bool) -> None:
+    """Every stage of the plan not yet done, in order, each resumed where it stopped."""
+    runner = _setup(protocol, root, workers=workers, dry_run=dry_run)
+    unknown = [a for a in (arms or "").split(",") if a and a not in runner.p.arms]
+    if unknown:
+        raise click.UsageError(f"unknown arm(s) {', '.join(unknown)}: the protocol's arms are {', '.join(runner.p.arms)}")
+    # SIGTERM (kill PID) ends the runner as Ctrl-C would: the running stage and the engine stop on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _logging()
+    runner.run(arms=arms.split(",") if arms else None, seeds=[int(s) for s in seeds.split(",")] if seeds else None)
+
+
+@experiment.command("status")
+@protocol_argument
+@root_option
+@run_cli
+def status_command(protocol: str, root: str | None) -> None:
+    """Every stage: done, or episodes there of planned; the registrations and the commits stages ran at."""
+    runner = _setup(protocol, root)
+    for row in runner.status():
+        click.echo(f"{row['stage']:<52} {row['done']}")
+    regs = runner.records.registrations()
+    click.echo(f"registrations: {len(regs)}" + (f" (latest at {regs[-1]['commit'] or 'no commit'})" if regs else
+                                                 " (run `halo-train experiment register` before `run`)"))
+    commits = sorted({s.get("commit") or "?" for s in runner.records.stages() if s.get("event") == "start"})
+    if commits:
+        click.echo(f"stages ran at: {', '.join(c[:12] for c in commits)}")
+
+
+@experiment.command("screen")
+@protocol_argument
+@root_option
+@click.option("--tasks", default=None, help="Only these candidates, comma-separated (default: screening.candidates).")
+@click.option("--arms", default="first_pages,random,heuristic,zero_shot", show_default=True,
+              help="What to measure: first_pages (environment resets), random, heuristic, zero_shot (the base model).")
+@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Dev seeds per task for the arms (default: screening.dev_seeds).")
+@click.option("--output", default=None, help="The screening's JSON (default: RESULTS/NAME/screening.json beside the protocol's folder).")
+@run_cli
+def screen_command(protocol: str, root: str | None, tasks: str | None, arms: str, seeds: int | None, output: str | None) -> None:
+    """Candidate tasks on dev seeds: distinct first pages, training-sample overlap, random / heuristic / zero-shot
+    success, and the protocol's screening rules. Merged into the output file; resumable."""
+    from halo_train.experiment.screen import SCREEN_ARMS, screen, table
+
+    runner = _setup(protocol, root, enforce=False)
+    wanted = tuple(a for a in arms.split(",") if a)
+    unknown = [a for a in wanted if a not in ("first_pages", *SCREEN_ARMS)]
+    if unknown:
+        raise click.UsageError(f"unknown screening arm(s) {', '.join(unknown)}: use first_pages, {', '.join(SCREEN_ARMS)}")
+    _logging()
+    out = Path(output) if output else _results(runner, None) / "screening.json"
+    data = screen(runner, out, tasks=[t for t in (tasks or "").split(",") if t] or None, arms=wanted, seeds=seeds,
+                  echo=click.echo)
+    click.echo(table(data))
+    click.echo(f"screening: {out}")
+
+
+@experiment.command("export")
+@protocol_argument
+@root_option
+@click.option("--results", default=None, help="The results folder (default: bench/results/NAME beside the protocol's folder).")
+@run_cli
+def export_command(protocol: str, root: str | None, results: str | None) -> None:
+    """episodes.parquet, timing.json, evidence.json, meta.json (with every stage's commit) and the first training
+    seed's adapters."""
+    from halo_train.experiment.export import export
+
+    runner = _setup(protocol, root)
+    click.echo(export(runner, _results(runner, results)))
+
+
+@experiment.command("report")
+@protocol_argument
+@root_option
+@click.option("--results", default=None, help="The results folder (default: bench/results/NAME beside the protocol's folder).")
+@run_cli
+def report_command(protocol: str, root: str | None, results: str | None) -> None:
+    """Success per arm and split, pooled and per seed, with the protocol's intervals, from episodes.parquet."""
+    from halo_train.experiment.report import report
+
+    runner = _setup(protocol, root)
+    click.echo(report(runner.p, _results(runner, results)))
