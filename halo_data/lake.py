@@ -447,12 +447,13 @@ class Lake:
         self.upsert_runs([row])
 
     # ------------------------------------------------------------------ reading
-    def connect(self, as_of: Any = None, params: Any = None, views: bool | str = True, tables: tuple[str, ...] | None = None):
+    def connect(self, as_of: Any = None, params: Any = None, views: bool | str = True, tables: tuple[str, ...] | None = None,
+                runs: list[str] | None = None):
         """A DuckDB connection with every table (as of a snapshot) and every view registered; ``tables`` (with
-        ``views=False``): only those tables."""
+        ``views=False``): only those tables; ``runs``: only those runs' rows (``halo_data.reader.connect``)."""
         from halo_data.reader import connect
 
-        return connect(self, as_of=as_of, params=params, views=views, tables=tables)
+        return connect(self, as_of=as_of, params=params, views=views, tables=tables, runs=runs)
 
     def query_arrow(self, sql: str, parameters: Mapping[str, Any] | None = None, **connect_kw: Any) -> pa.Table:
         # Only the views the query names are created unless the caller says otherwise.

@@ -54,13 +54,19 @@ def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
     return ", ".join(parts)
 
 
-def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, version: Any = None) -> None:
+def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, version: Any = None,
+                   runs: list[str] | None = None) -> None:
+    """Table ``name`` as a view of its snapshot; with ``runs``, of those runs' rows only (a table partitioned by
+    run_id lists only their files, so nothing else is opened; another table with a run_id column is filtered)."""
     spec = S.TABLES[name]
     view_name = RAW_TABLE_NAMES.get(name, name)
     dtab = lake.table(name, version)
     table_schema = pa.schema(dtab.schema().to_arrow())
+    scoped = runs is not None and "run_id" in spec.column_names
+    partitions = [("run_id", "in", list(runs))] if scoped and "run_id" in spec.partition_by else None
+    row_filter = f" WHERE list_contains({_sql_list(list(runs))}, run_id)" if scoped and not partitions else ""
     if lake.is_local:
-        files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris()]
+        files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris(partitions)]
         if files:
             hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
             hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
@@ -74,7 +80,7 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
     else:
         # Object stores: DuckDB reads through delta-rs's Arrow dataset (no extension download needed).
         source = f"__arrow_{name}"
-        _ARROW_SOURCES.setdefault(con, {})[source] = dtab.to_pyarrow_dataset()
+        _ARROW_SOURCES.setdefault(con, {})[source] = dtab.to_pyarrow_dataset(partitions)
         con.register(source, _ARROW_SOURCES[con][source])
         have = set(table_schema.names)
     extra = [n for n in table_schema.names if n not in spec.column_names and (source is None or n in have)]
@@ -85,7 +91,7 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
         cols += [f'CAST(NULL AS {duckdb_type(table_schema.field(n).type)}) AS "{n}"' for n in extra]
         con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {", ".join(cols)} WHERE false')
     else:
-        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {_projection(spec, have, extra)} FROM {source}')
+        con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {_projection(spec, have, extra)} FROM {source}{row_filter}')
 
 
 def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
@@ -97,9 +103,11 @@ def set_params(con: duckdb.DuckDBPyConnection, params: ViewParams) -> None:
 
 
 def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = None, views: bool | str = True,
-            tables: tuple[str, ...] | None = None) -> duckdb.DuckDBPyConnection:
+            tables: tuple[str, ...] | None = None, runs: list[str] | None = None) -> duckdb.DuckDBPyConnection:
     """``views``: True for every view, False for none, or a query whose views (and theirs) to create.
-    ``tables`` (with ``views=False``): register only these tables, for a read that needs no others."""
+    ``tables`` (with ``views=False``): register only these tables, for a read that needs no others.
+    ``runs``: the lake as if it held only these runs: every table with a run_id column (and so every view) sees
+    their rows alone, read from their files alone; pairs, rankings and groups form within them."""
     if tables is not None and views is not False:
         raise ValueError("connect(tables=...) registers some tables only: views need them all, pass views=False")
     unknown = set(tables or ()) - set(S.TABLES)
@@ -125,13 +133,69 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
             version = as_of_parsed.get(name)
         else:
             version = None
-        register_table(con, lake, name, version)
+        register_table(con, lake, name, version, runs)
     set_params(con, params)
     if isinstance(views, str):
         create_views(con, only_for=views)
     elif views:
         create_views(con)
     return con
+
+
+def runs_named(where: str | None) -> list[str] | None:
+    """The run ids a row filter pins its rows to: ``run_id = 'X'`` or ``run_id IN ('X', ...)``, as the whole filter
+    or as terms of its top-level AND (several terms: the runs all of them allow). None where the filter pins no run
+    (none named, or only under OR / NOT, which do not pin)."""
+    import json
+
+    if not where or "run_id" not in where.lower():
+        return None
+    try:
+        tree = json.loads(duckdb.sql("SELECT json_serialize_sql($q)", params={"q": f"SELECT 1 WHERE {where}"}).fetchall()[0][0])
+        node = tree["statements"][0]["node"]["where_clause"]
+    except (duckdb.Error, KeyError, IndexError, ValueError):
+        return None
+    terms = node["children"] if node.get("type") == "CONJUNCTION_AND" else [node]
+    pinned: set[str] | None = None
+    for term in terms:
+        named = _run_ids_of(term)
+        if named is not None:
+            pinned = named if pinned is None else pinned & named
+    return sorted(pinned) if pinned is not None else None
+
+
+def _run_ids_of(term: dict) -> set[str] | None:
+    """{'X'} for ``run_id = 'X'``, {'X', 'Y'} for ``run_id IN ('X', 'Y')``; None for any other term."""
+    if term.get("type") == "COMPARE_EQUAL":
+        operands = [term.get("left"), term.get("right")]
+    elif term.get("type") == "COMPARE_IN":
+        operands = term.get("children") or []
+        if not operands or not _is_run_id(operands[0]):
+            return None
+        operands = operands[1:]
+        values = [_string(o) for o in operands]
+        return None if any(v is None for v in values) else set(values)
+    else:
+        return None
+    column = [o for o in operands if o and _is_run_id(o)]
+    values = [_string(o) for o in operands if o and not _is_run_id(o)]
+    if len(column) != 1 or len(values) != 1 or values[0] is None:
+        return None
+    return {values[0]}
+
+
+def _is_run_id(node: dict) -> bool:
+    return node.get("class") == "COLUMN_REF" and [n.lower() for n in node.get("column_names") or []][-1:] == ["run_id"]
+
+
+def _string(node: dict) -> str | None:
+    if node.get("class") != "CONSTANT":
+        return None
+    literal = node.get("literal") or {}
+    if literal.get("kind") == "STRING":
+        return literal.get("text")
+    value = node.get("value") or {}  # the older serialisation
+    return value.get("value") if isinstance(value.get("value"), str) else None
 
 
 def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:

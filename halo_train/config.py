@@ -85,6 +85,9 @@ def _looks_like_local_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
+SCOPES = ("runs", "lake")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Options every training job shares."""
@@ -92,6 +95,11 @@ class TrainConfig:
     lake: str | None = _field(None, "Lake root (a path or object-store URI); $HALO_LAKE, else ./lake, by default.")
     view: str = _field("", "View to read; the job's own view by default (bc_rows, dpo_pairs, grpo_groups).")
     where: str | None = _field(None, "SQL filter on the view's rows, e.g. \"task_id LIKE 'miniwob.%'\".")
+    runs: list | None = _field(None, "Train on these runs, comma-separated: the view is computed over their rows alone "
+                               "(read from their files alone), so its pairs, rankings and groups stay within them.")
+    scope: str = _field("runs", "runs: a job that names its runs (--runs, or run_id = '...' / run_id IN (...) in --where) "
+                        "computes its view over those runs only; lake: over the whole lake, pairing and grouping "
+                        "across runs, then filtered.", choices=SCOPES)
     top_percent: float | None = _field(None, "Top-percent cut of progress_ranking that bc_rows keeps (view default 50).")
     params: dict = _field({}, f"View parameters NAME=VALUE ({PARAM_NAMES}).")
     as_of: str | None = _field(None, "Read the lake as of table versions (N, TABLE=N[,TABLE=N]) or an ISO time.")
@@ -132,6 +140,11 @@ class TrainConfig:
         self.view = self.view or self.default_view
         self.output_dir = self.output_dir or f"out/{self.job_type}"
         self.target_modules = _split_list(self.target_modules) or []
+        self.runs = _split_list(self.runs) or None
+        if self.scope not in SCOPES:
+            raise TrainConfigError(f"--scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.runs and self.scope == "lake":
+            raise TrainConfigError("--runs computes the view over those runs: drop --scope lake, or filter with --where instead")
         if isinstance(self.params, (list, tuple)):
             from halo_data.config import parse_params
 
@@ -202,6 +215,16 @@ class TrainConfig:
                     raise TrainConfigError(
                         f"--resume-from {self.resume_from} is a {job} checkpoint; resume it with `halo-train {job}`"
                     )
+
+    def scoped_runs(self) -> list[str] | None:
+        """The runs the job's view is computed over: --runs, else the runs --where pins (--scope runs); None: the lake."""
+        if self.runs:
+            return list(self.runs)
+        if self.scope == "runs":
+            from halo_data.reader import runs_named
+
+            return runs_named(self.where)
+        return None
 
     def view_params(self) -> dict[str, Any]:
         out = dict(self.params)

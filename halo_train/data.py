@@ -59,6 +59,7 @@ class ViewRead:
     where: str | None
     lineage: dict[str, int]
     view_params: dict[str, Any]
+    runs: list[str] | None = None  # the runs the view was computed over (None: the whole lake)
 
     @property
     def source(self) -> str:
@@ -97,10 +98,12 @@ def read_view(
     as_of: Any = None,
     job_type: str | None = None,
     sql: str | None = None,
+    runs: list[str] | None = None,
 ) -> ViewRead:
     """Read ``view`` (filtered by ``where``) at one snapshot of every table; records that snapshot as lineage.
 
     ``sql`` replaces ``SELECT * FROM view WHERE ...`` with a query over the CTE ``selected`` (the filtered view).
+    ``runs``: the view is computed over those runs' rows alone (``halo_data.reader.connect``).
     """
     import duckdb
 
@@ -112,7 +115,7 @@ def read_view(
     versions = resolve_versions(lake, as_of)
     base_sql = _filtered_sql(view, where)
     try:
-        con = lake.connect(as_of=versions, params=dict(view_params or {}))
+        con = lake.connect(as_of=versions, params=dict(view_params or {}), runs=runs)
     except ValueError as e:  # a bad view parameter
         raise TrainConfigError(str(e)) from None
     try:
@@ -128,7 +131,7 @@ def read_view(
         if missing:
             raise TrainConfigError(f"view {view} lacks column(s) {', '.join(missing)} that {job_type} needs")
     log.info("read %d rows from %s at %s", table.num_rows, view, versions)
-    return ViewRead(table=table, view=view, where=where, lineage=versions, view_params=dict(view_params or {}))
+    return ViewRead(table=table, view=view, where=where, lineage=versions, view_params=dict(view_params or {}), runs=runs)
 
 
 def read_for(cfg: TrainConfig, lineage: dict[str, int] | None = None, sql: str | None = None) -> ViewRead:
@@ -141,6 +144,7 @@ def read_for(cfg: TrainConfig, lineage: dict[str, int] | None = None, sql: str |
         as_of=lineage if lineage is not None else cfg.as_of,
         job_type=cfg.job_type,
         sql=sql,
+        runs=cfg.scoped_runs(),
     )
     if read.table.num_rows == 0:
         hint = EMPTY_VIEW_HINTS.get(cfg.view, f"view {cfg.view} has no rows")
@@ -152,14 +156,13 @@ def read_for(cfg: TrainConfig, lineage: dict[str, int] | None = None, sql: str |
 
 
 def prompt_messages(prompt_json: str) -> list[dict[str, str]]:
-    """The stored prompt as chat messages; image parts dropped (text-only models)."""
+    """The stored prompt as chat messages for a text-only model: ``prompts.text_messages``, the rendering HALO's
+    chat server gives the same messages (image parts dropped), so a step is scored on the prompt it was sampled on."""
     try:
         messages = prompts.loads(prompt_json)
     except (TypeError, ValueError) as e:
         raise LakeError(f"a stored prompt is not chat-messages JSON ({e}); was it written by the prompt renderer?") from None
-    if any(isinstance(m.get("content"), list) for m in messages):
-        messages = prompts.text_only(messages)
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return prompts.text_messages(messages)
 
 
 def _has_images(prompt_json: str) -> bool:

@@ -258,8 +258,9 @@ def training_members(
     for r in episode_rows:
         if scale_rewards == "none":
             advantage = float(r["combined_advantage"])
+            episode_advantage = float(r["advantage"])
         else:
-            advantage = scaled(float(r["advantage"]), float(r["group_std"]), scale_rewards, batch_std_episode)
+            advantage = episode_advantage = scaled(float(r["advantage"]), float(r["group_std"]), scale_rewards, batch_std_episode)
             if omega != 0:
                 step = step_rows.get((r["episode_id"], r["step_idx"]))
                 if step is None:
@@ -271,7 +272,7 @@ def training_members(
         if r["zero_std"] and advantage == 0:
             skipped += 1
             continue
-        kept.append({**r, "advantage": advantage})
+        kept.append({**r, "advantage": advantage, "episode_advantage": episode_advantage})
     return GroupSummary(
         members=kept,
         episode_groups=len(zero_std),
@@ -318,6 +319,17 @@ def state_members(
         stale_rows=len(rows) - len(fresh),
         policy_version=current,
     )
+
+
+def step_credit(rows: Sequence[dict[str, Any]], members: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """What GiGPO's step level adds to an update: anchor-state groups with a spread in their returns, and the
+    share of the trained advantage that comes from the step term, sum |A - A_episode| / (sum |A_episode| +
+    sum |A - A_episode|) over the members kept (``A`` the advantage trained on, ``A_episode`` its episode part)."""
+    anchors = {r["group_key"] for r in rows if r["level"] == "step" and not r["zero_std"]}
+    episode_part = sum(abs(float(m["episode_advantage"])) for m in members)
+    step_part = sum(abs(float(m["advantage"]) - float(m["episode_advantage"])) for m in members)
+    total = episode_part + step_part
+    return {"anchor_groups_with_spread": float(len(anchors)), "step_advantage_share": step_part / total if total else 0.0}
 
 
 # ---------------------------------------------------------------------------- tokenising
@@ -424,6 +436,15 @@ class GRPOCollator:
 # ---------------------------------------------------------------------------- the loss
 
 
+def approx_kl_terms(log_ratio):
+    """Per-sample terms of an estimate of KL(current || behaviour) from samples of the behaviour policy:
+    r log r - (r - 1), r = exp(log_ratio) (non-negative, unbiased, low variance; Schulman's k3 read the other way)."""
+    import torch
+
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    return ratio * log_ratio.clamp(max=20.0) - (ratio - 1.0)
+
+
 def grpo_loss(
     token_logps,
     completion_mask,
@@ -477,9 +498,12 @@ def grpo_loss(
         # Each off-policy row's share of clipped tokens and its mean ratio, over its completion tokens.
         row_clipped = (is_clipped.to(mask.dtype) * mask).sum(-1) / n_tokens
         row_ratio = (ratio * mask).sum(-1) / n_tokens
+        # approx KL(current || behaviour) over the importance-weighted rows' tokens: E_behaviour[r log r - (r - 1)].
+        row_kl = (approx_kl_terms(log_ratio) * mask).sum(-1) / n_tokens
         stats = {
             "clip_ratio": float(row_clipped[off].mean()) if off.any() else 0.0,
             "importance_ratio_mean": float(row_ratio[off].mean()) if off.any() else 1.0,
+            "approx_kl": float(row_kl[off].mean()) if off.any() else 0.0,
             "frac_rows_off_policy": float(off.float().mean()),
             "completion_length": float(mask.sum(-1).mean()),
         }
@@ -493,7 +517,8 @@ def choice_softmax_loss(token_logps, completion_mask, group_index, advantage, be
     distribution a guided-choice engine samples from; ``behaviour_logprob`` holds the same share under the
     behaviour policy. One ratio per candidate (an action is one choice, however many tokens it has); the loss
     is the clipped surrogate summed over candidates, averaged over groups. A candidate with advantage 0
-    still counts in its group's normaliser, so raising a better choice lowers it.
+    still counts in its group's normaliser, so raising a better choice lowers it. A NaN behaviour share (a group
+    ``choice_groups`` trains on-policy) is the current share itself, detached: ratio 1.
     """
     import torch
 
@@ -503,6 +528,7 @@ def choice_softmax_loss(token_logps, completion_mask, group_index, advantage, be
     peak = peak.scatter_reduce(0, group_index, sequence_logp.detach(), reduce="amax")
     total = torch.zeros_like(peak).index_add(0, group_index, torch.exp(sequence_logp - peak[group_index]))
     choice_logp = sequence_logp - (peak + torch.log(total))[group_index]
+    behaviour_logprob = torch.where(torch.isnan(behaviour_logprob), choice_logp.detach(), behaviour_logprob)
     ratio = torch.exp((choice_logp - behaviour_logprob).clamp(max=20.0))
     clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
     loss = -torch.min(ratio * advantage, clipped_ratio * advantage).sum() / groups
@@ -514,6 +540,7 @@ def choice_softmax_loss(token_logps, completion_mask, group_index, advantage, be
         stats = {
             "clip_ratio": float(is_clipped[signal].float().mean()) if signal.any() else 0.0,
             "importance_ratio_mean": float(ratio[signal].mean()) if signal.any() else 1.0,
+            "approx_kl": float(approx_kl_terms(choice_logp - behaviour_logprob).mean()),
             "frac_rows_off_policy": 1.0,
             "completion_length": float(completion_mask.sum(-1).float().mean()),
             # The current policy's share of the choices that scored above their group's baseline.
@@ -543,11 +570,70 @@ def behaviour_token_logps(model, inputs):
     return _processed(logits, inputs), inputs["completion_mask"][:, 1:]
 
 
+def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float]):
+    """GRPO's loss on one collated batch (``GRPOCollator``) under ``model``; returns (loss, stats).
+
+    The one loss both learners compute: the job's Trainer (``make_trainer_class``) and the online learner
+    (``halo_train.learner``). Stats: the loss function's (clip_ratio, importance_ratio_mean, approx_kl, ...),
+    the batch's rewards and advantages, and with ``grpo.beta`` > 0 the KL to the base model.
+    """
+    token_logps, completion_mask = behaviour_token_logps(model, inputs)
+    if "group_index" in inputs:
+        loss, stats = choice_softmax_loss(
+            token_logps, completion_mask, inputs["group_index"], inputs["advantage"].float(),
+            inputs["behaviour_logprob"].float(), *clip_range,
+        )
+    else:
+        loss, stats = grpo_loss(
+            token_logps,
+            completion_mask,
+            inputs["advantage"].float(),
+            inputs["behaviour_logprob"].float(),
+            inputs["has_behaviour_logprob"].bool(),
+            loss_type=grpo.loss_type,
+            epsilon_low=clip_range[0],
+            epsilon_high=clip_range[1],
+            max_completion_length=grpo.max_completion_length,
+            token_behaviour=inputs.get("token_logprobs"),
+            has_token_behaviour=inputs.get("has_token_logprobs"),
+        )
+    if grpo.beta > 0:
+        kl = _kl_to_reference(model, inputs, token_logps)
+        loss = loss + grpo.beta * kl
+        stats["kl"] = float(kl.detach())
+    adv = inputs["advantage"].float()
+    stats.update(
+        reward=float(inputs["episode_reward"].mean()),
+        reward_std=float(inputs["episode_group_std"].mean()),
+        advantage_mean=float(adv.mean()),
+        advantage_abs_mean=float(adv.abs().mean()),
+    )
+    return loss, stats
+
+
+def _kl_to_reference(model, inputs, token_logps):
+    """Mean per-token KL to the base model (adapter disabled) over completion tokens, k3 estimator (as TRL)."""
+    import torch
+
+    with torch.no_grad(), model.disable_adapter():
+        ref_logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
+    # The reference's distribution of the same kind as token_logps (a token-exact row's temperature and mask).
+    ref_logps = _processed(ref_logits, inputs)
+    delta = ref_logps - token_logps
+    per_token = torch.exp(delta) - delta - 1.0
+    mask = inputs["completion_mask"][:, 1:].to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def clip_range(grpo: GRPOConfig) -> tuple[float, float]:
+    return grpo.epsilon, grpo.epsilon if grpo.epsilon_high is None else grpo.epsilon_high
+
+
 def make_trainer_class():
     from transformers import Trainer
 
     class StoredGroupsGRPOTrainer(Trainer):
-        """The transformers Trainer with GRPO's loss over stored rows (see ``grpo_loss``)."""
+        """The transformers Trainer with GRPO's loss over stored rows (``batch_loss``)."""
 
         loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean; let the Trainer divide by GA
 
@@ -555,60 +641,13 @@ def make_trainer_class():
             super().__init__(*args, **kwargs)
             self.grpo = grpo
             self.frac_reward_zero_std = frac_reward_zero_std
-            self.clip_range = (grpo.epsilon, grpo.epsilon if grpo.epsilon_high is None else grpo.epsilon_high)
             self._metrics: dict[str, list[float]] = defaultdict(list)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            import torch
-
-            token_logps, completion_mask = behaviour_token_logps(model, inputs)
-            if "group_index" in inputs:
-                loss, stats = choice_softmax_loss(
-                    token_logps, completion_mask, inputs["group_index"], inputs["advantage"].float(),
-                    inputs["behaviour_logprob"].float(), *self.clip_range,
-                )
-            else:
-                loss, stats = self._sequence_loss(token_logps, completion_mask, inputs)
-            if self.grpo.beta > 0:
-                kl = self._kl_to_reference(model, inputs, token_logps)
-                loss = loss + self.grpo.beta * kl
-                self._metrics["kl"].append(float(kl.detach()))
+            loss, stats = batch_loss(model, inputs, self.grpo, clip_range(self.grpo))
             for key, value in stats.items():
                 self._metrics[key].append(value)
-            adv = inputs["advantage"].float()
-            self._metrics["reward"].append(float(inputs["episode_reward"].mean()))
-            self._metrics["reward_std"].append(float(inputs["episode_group_std"].mean()))
-            self._metrics["advantage_mean"].append(float(adv.mean()))
-            self._metrics["advantage_abs_mean"].append(float(adv.abs().mean()))
             return (loss, None) if return_outputs else loss
-
-        def _sequence_loss(self, token_logps, completion_mask, inputs):
-            return grpo_loss(
-                token_logps,
-                completion_mask,
-                inputs["advantage"].float(),
-                inputs["behaviour_logprob"].float(),
-                inputs["has_behaviour_logprob"].bool(),
-                loss_type=self.grpo.loss_type,
-                epsilon_low=self.clip_range[0],
-                epsilon_high=self.clip_range[1],
-                max_completion_length=self.grpo.max_completion_length,
-                token_behaviour=inputs.get("token_logprobs"),
-                has_token_behaviour=inputs.get("has_token_logprobs"),
-            )
-
-        def _kl_to_reference(self, model, inputs, token_logps):
-            """Mean per-token KL to the base model (adapter disabled) over completion tokens, k3 estimator (as TRL)."""
-            import torch
-
-            with torch.no_grad(), model.disable_adapter():
-                ref_logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
-            # The reference's distribution of the same kind as token_logps (a token-exact row's temperature and mask).
-            ref_logps = _processed(ref_logits, inputs)
-            delta = ref_logps - token_logps
-            per_token = torch.exp(delta) - delta - 1.0
-            mask = inputs["completion_mask"][:, 1:].to(per_token.dtype)
-            return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self._metrics and "loss" in logs:
@@ -645,6 +684,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         summary.episode_groups, cfg.group_by, summary.zero_std_groups, 100 * summary.frac_reward_zero_std,
         summary.skipped_rows, zero_advantage, summary.stale_rows, len(summary.members),
     )
+    credit = step_credit(rows, summary.members) if not by_state else {}
     if not summary.members:
         raise NoTrainingSignalError(
             f"no GRPO rows with a reward signal: all {summary.episode_groups} {'state ' if by_state else ''}group(s) have zero reward std"
@@ -678,6 +718,7 @@ def _make_dataset(cfg: GRPOConfig, read, tokenizer, vlm: dict[str, Any] | None =
         "stale_rows": summary.stale_rows,
         "start_policy_version": summary.policy_version,
         "rows_with_behaviour_logprobs": behaviour_rows,
+        **credit,
     }
     return dataset, dropped, extra
 
@@ -706,8 +747,13 @@ def _encode_members(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig, v
 def choice_groups(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig) -> tuple[list[dict[str, Any]], int]:
     """--choice-softmax: one item per state group, each distinct completion once (equal completions share
     the mean of their advantages), with its behaviour share log p(a) - log sum p(a') from the stored
-    logprob_sums. Groups missing a stored logprob, or with no spread left, are left out (logged);
-    returns (items, groups dropped for --max-length)."""
+    logprob_sums. A group of token-exact candidates some of which carry no stored logprob (a covered
+    choice: ``--cover-choices`` forces it through a one-choice request, whose logprobs say nothing of the
+    page's draw) is trained on-policy: its shares are NaN, which ``choice_softmax_loss`` reads as the current
+    policy's own (ratio 1). Other groups missing a stored logprob, or with no spread left, are left out
+    (logged); returns (items, groups dropped for --max-length)."""
+    from halo_train.behaviour import token_exact
+
     by_group: dict[Any, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
     for m in members:
         by_group[m["group_key"]].setdefault(m["completion"], []).append(m)
@@ -716,15 +762,19 @@ def choice_groups(members: list[dict[str, Any]], tokenizer, cfg: GRPOConfig) -> 
         rows = [{**copies[0], "advantage": sum(c["advantage"] for c in copies) / len(copies)} for copies in same.values()]
         if len(rows) < 2 or all(r["advantage"] == 0 for r in rows):
             continue
-        if any(r["logprob_sum"] is None for r in rows):
+        on_policy = any(r["logprob_sum"] is None for r in rows)
+        if on_policy and not all(token_exact(r) is not None for r in rows):
             unscored += 1
             continue
         encs = [tokenize_member(tokenizer, r["prompt"], r["completion"], cfg.max_completion_length, r) for r in rows]
         if cfg.max_length is not None and any(len(e["input_ids"]) > cfg.max_length for e in encs):
             dropped += 1
             continue
-        top = max(float(r["logprob_sum"]) for r in rows)
-        norm = top + math.log(sum(math.exp(float(r["logprob_sum"]) - top) for r in rows))
+        if on_policy:
+            norm, rows = math.nan, [{**r, "logprob_sum": math.nan} for r in rows]
+        else:
+            top = max(float(r["logprob_sum"]) for r in rows)
+            norm = top + math.log(sum(math.exp(float(r["logprob_sum"]) - top) for r in rows))
         items.append({
             "input_ids": [e["input_ids"] for e in encs],
             "completion_mask": [e["completion_mask"] for e in encs],
@@ -760,11 +810,25 @@ def _make_trainer(cfg: GRPOConfig, model, tokenizer, dataset, callbacks: list, f
     return trainer
 
 
-def train_grpo(cfg: GRPOConfig) -> TrainResult:
-    """Train a LoRA adapter on the stored groups (grpo_groups, or state_groups with group_by "state"); returns where it is and how to serve it."""
-
+def training_rows(cfg: GRPOConfig, read, tokenizer, vision: dict[str, Any] | None = None):
+    """The rows ``read`` holds as training items: (dataset, rows dropped, figures for training_stats.json, the
+    collator's encoder). ``vision`` (``halo_train.vlm.vlm_stats`` of a vision-language base model): the items keep
+    their prompts and screenshots, tokenised with their images by the returned encoder when a batch is built."""
     import pyarrow as pa
 
+    from halo_train import vlm
+
+    dataset, dropped, extra = _make_dataset(cfg, read, tokenizer, vlm=vision)
+    encoder = None
+    if vision is not None:
+        encoder, rows, dropped = vlm.batch_encoder(
+            cfg, read, tokenizer, dataset.to_list(), vision, max_completion_length=cfg.max_completion_length)
+        dataset = dataset.select(range(0)) if not rows else to_dataset(pa.Table.from_pylist(rows))
+    return dataset, dropped, extra, encoder
+
+
+def train_grpo(cfg: GRPOConfig) -> TrainResult:
+    """Train a LoRA adapter on the stored groups (grpo_groups, or state_groups with group_by "state"); returns where it is and how to serve it."""
     from halo_agent.vlm import is_vlm
     from halo_train import vlm
     from halo_train.backends import base_model_path
@@ -772,11 +836,7 @@ def train_grpo(cfg: GRPOConfig) -> TrainResult:
     vision = is_vlm(base_model_path(cfg.base_model))
 
     def make_dataset(cfg_, read, tokenizer):
-        dataset, dropped, extra = _make_dataset(cfg_, read, tokenizer, vlm=state.get("vlm"))
-        if vision:
-            state["encoder"], rows, dropped = vlm.batch_encoder(
-                cfg_, read, tokenizer, dataset.to_list(), state["vlm"], max_completion_length=cfg_.max_completion_length)
-            dataset = dataset.select(range(0)) if not rows else to_dataset(pa.Table.from_pylist(rows))
+        dataset, dropped, extra, state["encoder"] = training_rows(cfg_, read, tokenizer, state.get("vlm"))
         state["extra"] = extra
         return dataset, dropped, extra
 

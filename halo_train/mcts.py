@@ -53,6 +53,7 @@ class MCTSConfig(ServedLoopConfig, SearchOptions):
     tasks: list = _field(["click-button-sequence"], "Tasks to search, comma-separated.")
     task_seeds: int = _field(2, "Trees per task in each iteration (new task seeds every iteration).")
     max_tokens: int = _field(32, "Most tokens an action may take.")
+    train_steps: int = _field(2, "Optimizer steps of each DPO update.")
     lr: float = _field(5e-5, "Learning rate of each DPO update.")
     beta: float = _field(0.1, "DPO beta.")
     run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>).")

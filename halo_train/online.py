@@ -73,7 +73,8 @@ from halo_train.data import EmptyViewError, NoTrainingSignalError
 
 log = logging.getLogger(__name__)
 
-GROUP_BY = ("episode", "state")  # attempts of one task seed (grpo_groups) | candidates at one state (state_groups)
+GROUP_BY = ("episode", "state")
+LEARNERS = ("persistent", "jobs")  # attempts of one task seed (grpo_groups) | candidates at one state (state_groups)
 STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
 
 
@@ -94,10 +95,10 @@ class ServedLoopConfig:
     serve: bool = _field(False, "Start the engine (--engine) on 127.0.0.1 for the run, wait until it serves, and stop it at the end.")
     engine: str = _field("auto", "The engine --serve starts: vllm (`vllm serve BASE --enable-lora ...`, a GPU) | chat (HALO's chat server, CPU) | auto (vllm where its command and a CUDA GPU are present, else chat).", choices=("auto", "chat", "vllm"))
     vllm_args: str = _field("", "More `vllm serve` options for --serve with vLLM, e.g. \"--max-model-len 8192 --gpu-memory-utilization 0.8\".")
-    train_steps: int = _field(2, "Optimizer steps per update.")
+    train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on).")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
-    batch_size: int = _field(4, "Rows per optimizer step.")
+    batch_size: int = _field(4, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
     lora_dropout: float = _field(0.0, "Dropout on the LoRA branch during each update (0: the update's importance ratios compare the function that sampled, not a dropped-out one).")
     temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
     max_tokens: int = _field(64, "Most tokens an action may take.")
@@ -132,7 +133,7 @@ class ServedLoopConfig:
         if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
             raise error(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
         for name in ("iterations", "train_steps", "max_tokens", "batch_size"):
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.lora_dropout < 1:
             raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
@@ -165,7 +166,17 @@ class OnlineConfig(ServedLoopConfig):
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28). Covered choices all carry advantages of 0 or more, so only this bound clips them.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
     replay_iterations: int = _field(1, "Each update reads the groups of this many latest iterations (this one included); --max-staleness still drops rows sampled by versions too old.")
-    lr: float = _field(1e-5, "Learning rate of each update.")
+    lr: float = _field(1e-5, "Learning rate (AdamW), constant after --warmup-steps.")
+    learner: str = _field(
+        "persistent", "persistent: one learner keeps the model, adapter, optimizer, schedule and RNG across iterations and "
+        "trains each update on every row it reads, --epochs-per-update times, checkpointed with each version "
+        "(halo_train.learner). jobs: each update a separate `halo-train grpo` job from the newest adapter (a fresh "
+        "optimizer, --train-steps steps, 2 by default, of --batch-size rows, the learning rate decaying to 0 inside it).",
+        choices=LEARNERS)
+    epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
+    mini_batch_size: int = _field(16, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
+    warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
+    omega: float = _field(1.0, "Weight of the anchor-state (GiGPO) step advantage: A = A_episode + omega * A_step; 0: episode-level GRPO only.")
     eval_every: int = _field(0, "Evaluate the served version on held-out task seeds every N iterations (0: never).")
     eval_tasks: list = _field([], "Tasks to evaluate (default: --tasks).")
     eval_seeds: int = _field(2, "Held-out task seeds: eval_seed_start ... eval_seed_start + eval_seeds - 1.")
@@ -213,6 +224,11 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
+        for name in ("epochs_per_update", "mini_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise OnlineError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
         if self.pipeline and self.max_staleness < 1:
             raise OnlineError(f"--pipeline trains each update on rows one version stale: give --max-staleness 1 or more, not {self.max_staleness}")
 
@@ -517,47 +533,135 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
 
     One rollout run (the default): only its rows of the served version. Several (--replay-iterations): all
     their rows, each group kept with its own version and stored logprobs, --max-staleness dropping the oldest.
+    The rows are read from views computed over those runs only (``--runs``: no other run's attempts join a group).
     """
-    from halo_train.grpo import train_grpo
     from halo_train.trainer_utils import STATS_FILE
 
     version = trained.version + 1
     final = Path(cfg.output_dir) / f"policy-{version}"
     if not (final / "adapter_config.json").exists():
-        staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
-        t0 = time.perf_counter()
+        grpo = _update_config(cfg, rollout_runs, served, trained, run_id)
         try:
-            train_grpo(GRPOConfig(
-                lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
-                run_id=f"{run_id}-u{version}", where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
-                state_baseline="min" if cfg.cover_choices else "mean",
-                policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
-                max_steps=cfg.train_steps, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, batch_size=cfg.batch_size,
-                seed=cfg.seed + version,
-                # Its own run's groups only: another run's attempts at the same task seed carry the same version
-                # names ('0', '1', ...) but come from another policy.
-                params={**_view_weights(cfg), "group_scope": "run"},
-                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
-            ))
+            if cfg.learner == "persistent":
+                _learner_update(cfg, lake, grpo, trained, final)
+            else:
+                _job_update(grpo, final)
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
             log.info("no update: %s", e)
             return None
-        seconds = time.perf_counter() - t0
-        stats = json.loads((staging / "final" / STATS_FILE).read_text())
-        stats["update_seconds"] = seconds
-        (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
-        # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
-        (staging / "final").rename(final)
-        shutil.rmtree(staging, ignore_errors=True)
     stats = json.loads((final / STATS_FILE).read_text())
     if stats.get("run_id") != f"{run_id}-u{version}":
         raise OnlineError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    recorded = stats.get("update_metrics") or {}
     trainer_metrics = stats.get("metrics") or {}
     return {
         "adapter": final.resolve(), "run_id": stats["run_id"], "lineage": stats.get("lineage"),
-        "metrics": {"update_seconds": stats.get("update_seconds"),
-                    **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean", "kl") if m in trainer_metrics}},
+        "metrics": {"update_seconds": stats.get("update_seconds"), **recorded,
+                    **{m: trainer_metrics[m] for m in ("loss", "clip_ratio", "importance_ratio_mean", "kl", "approx_kl")
+                       if m in trainer_metrics and m not in recorded}},
     }
+
+
+def _update_config(cfg: OnlineConfig, rollout_runs: list[str], served: Served, trained: Served, run_id: str) -> GRPOConfig:
+    """What update v+1 reads and how it computes its loss, as a ``halo-train grpo`` job's config."""
+    version = trained.version + 1
+    return GRPOConfig(
+        lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path,
+        output_dir=str(Path(cfg.output_dir) / "updates" / f"update-{version}"),
+        run_id=f"{run_id}-u{version}", runs=list(rollout_runs), where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
+        state_baseline="min" if cfg.cover_choices else "mean",
+        policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
+        max_steps=cfg.train_steps or (2 if cfg.learner == "jobs" else None), lr=cfg.lr, lora_r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, batch_size=cfg.batch_size, seed=cfg.seed + version,
+        # Its own run's groups only: another run's attempts at the same task seed carry the same version
+        # names ('0', '1', ...) but come from another policy.
+        params={**_view_weights(cfg), "group_scope": "run", "omega": cfg.omega},
+        beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
+    )
+
+
+def _job_update(grpo: GRPOConfig, final: Path) -> None:
+    """``--learner jobs``: one ``halo-train grpo`` job from the newest adapter, its final adapter renamed to ``final``."""
+    from halo_train.grpo import train_grpo
+    from halo_train.trainer_utils import STATS_FILE
+
+    staging = Path(grpo.output_dir)
+    t0 = time.perf_counter()
+    train_grpo(grpo)
+    seconds = time.perf_counter() - t0
+    stats = json.loads((staging / "final" / STATS_FILE).read_text())
+    stats["update_seconds"] = seconds
+    (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+    # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
+    (staging / "final").rename(final)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+# The persistent learner of this process (the main one, or a pipelined run's update process): kept between updates.
+_LEARNER: dict[str, Any] = {}
+
+
+def _learner_for(cfg: OnlineConfig, grpo: GRPOConfig, trained: Served):
+    """The learner at version ``trained``: the one this process holds, else the one saved with that version,
+    else a new one from the base model (version 0, or the warm start)."""
+    from halo_train.learner import LEARNER_STATE, Learner, LearnerOptions
+
+    key = str(Path(cfg.output_dir).resolve())
+    held = _LEARNER.get(key)
+    if held is not None and held.version == trained.version:
+        return held, 0.0
+    _LEARNER.pop(key, None)
+    options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
+                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps)
+    template = dataclasses.replace(grpo, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
+    if trained.path and trained.version > 0 and (Path(trained.path) / LEARNER_STATE).exists():
+        learner = Learner.resume(template, options, trained.path)
+    else:
+        if trained.version > 0:
+            log.warning("%s has no learner state: the learner starts from its adapter with a fresh optimizer", trained.path)
+        learner = Learner.start(dataclasses.replace(template, init_adapter=trained.path), options, version=trained.version)
+    _LEARNER[key] = learner
+    return learner, learner.load_seconds
+
+
+def _learner_update(cfg: OnlineConfig, lake: Lake, grpo: GRPOConfig, trained: Served, final: Path) -> None:
+    """Update v+1 with the persistent learner; the adapter, its learner state and training_stats.json into ``final``."""
+    import datetime as dt
+
+    from halo_data.writer import append_rows
+    from halo_train.backends import base_model_path
+    from halo_train.metrics import metric_rows, record_run
+    from halo_train.trainer_utils import STATS_FILE
+
+    t0 = time.perf_counter()
+    learner, load_seconds = _learner_for(cfg, grpo, trained)
+    started = dt.datetime.now(dt.timezone.utc)
+    result = learner.update(grpo)
+    t1 = time.perf_counter()
+    metrics = {**result.metrics, "update_load_seconds": load_seconds}
+    run_fields = dict(
+        run_id=grpo.run_id, job_type="grpo", base_model=base_model_path(cfg.base_model), config_json=grpo.to_json(),
+        source_view=GRPO_GROUP_VIEWS[cfg.group_by], lineage=result.lineage, output_dir=str(final.resolve()),
+        started_at=started, adapter=final.name, policy_version=str(learner.version),
+    )
+    stats = {
+        "job_type": "grpo", "learner": "persistent", "run_id": grpo.run_id, "policy_version": str(learner.version),
+        "learner_step": learner.step, "lineage": result.lineage, "rows": result.rows, "optimizer_steps": result.optimizer_steps,
+        "config": grpo.to_dict(), "update_metrics": metrics, **result.extra,
+    }
+    # The update's own run, before its version exists (a kill in between retrains the same update from the same
+    # learner state and writes nothing twice): its lineage (the table versions it read), one metrics row per step.
+    record_run(lake, status="finished", ended_at=dt.datetime.now(dt.timezone.utc), **run_fields)
+    have = lake.query_arrow("select count(*) from train_metrics where run_id = $r", {"r": grpo.run_id}).column(0)[0].as_py()
+    if not have:
+        first = learner.step - len(result.step_log) + 1
+        append_rows(lake, "train_metrics", [row for i, entry in enumerate(result.step_log)
+                                            for row in metric_rows(grpo.run_id, first + i, None, entry)])
+    saved = learner.save(final, {STATS_FILE: json.dumps(stats, indent=2, default=str)})
+    metrics["update_save_seconds"] = time.perf_counter() - t1
+    metrics["update_seconds"] = time.perf_counter() - t0
+    stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
+    (saved / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
 
 
 def _rows_of(rollout_runs: list[str], served: Served) -> str:

@@ -255,6 +255,7 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
             "source_view": read.view,
             "where": read.where,
             "view_params": read.view_params,
+            "runs": read.runs,
             "lineage": read.lineage,
             "rows": len(dataset),
             "dropped_rows": dropped,

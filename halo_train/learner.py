@@ -1,0 +1,349 @@
+"""The persistent learner: one model, one LoRA adapter, one optimizer for a whole online run.
+
+    from halo_train.learner import Learner, LearnerOptions
+    learner = Learner.start(GRPOConfig(base_model="models/tiny", lake="lake", lr=1e-5), LearnerOptions())
+    update = learner.update(GRPOConfig(..., where="run_id = 'online-k0'"), runs=["online-k0"])
+    learner.save("out/online/policy-1")          # adapter + learner_state.pt, renamed into place when complete
+    learner = Learner.resume(GRPOConfig(...), LearnerOptions(), "out/online/policy-1")   # the same optimizer, step, RNG
+
+An online loop (``halo-train online-grpo``) samples with the served version, lands the rows in the lake and
+then updates. A job per update (load the base model, a fresh AdamW, a schedule that decays to zero inside the
+job, a few optimizer steps) barely moves the policy: the optimizer's moments start from zero every time and an
+iteration's rows are mostly never read. The learner here keeps, across iterations, what verl's actor and
+CleanRL's ``ppo.py`` keep: the model with its adapter, the AdamW state, the learning-rate schedule (constant
+after an optional linear warm-up), the random generators and the step count. Each update, top to bottom:
+
+1. Data. The update's rows from the lake (``grpo_groups``, or ``state_groups`` with ``group_by="state"``), read
+   with the job's own reader and encoder (``halo_train.grpo``): token-exact rows keep their stored ids and
+   behaviour logprobs, so every importance ratio starts at 1.
+2. Passes. ``epochs_per_update`` passes over **every** row, shuffled by the learner's generator, in
+   minibatches of ``mini_batch_size`` rows (one optimizer step each), each minibatch in forward passes of
+   ``batch_size`` rows with their gradients accumulated. ``max_steps`` caps the optimizer steps of one update.
+3. Loss. GRPO's clipped surrogate against the stored logprobs (``halo_train.grpo.batch_loss``, the loss the
+   ``halo-train grpo`` job computes), gradient norm clipped to ``max_grad_norm``.
+4. What the update did (returned, and recorded per iteration by the loop): rows trained, optimizer steps,
+   the mean loss and clip fraction, the adapter's displacement from the base model and from the version before
+   (mean over LoRA modules of the Frobenius norm of (alpha/r)·B·A, and of its change), and, in one pass without
+   gradients over the same rows after the update, the approximate KL(new || old) against the stored logprobs
+   and the entropy of the distribution each token was drawn from (the temperature's softmax; a guided choice's
+   mask), and the seconds spent loading, training, measuring and saving.
+5. Checkpoint. ``save(folder)`` writes the adapter and ``learner_state.pt`` (optimizer, scheduler, generators,
+   step, version) into a staging folder and renames it into place, so a version folder exists only complete;
+   ``resume(folder)`` continues with exactly that state: the next update's adapter equals the one an
+   uninterrupted learner would have produced from the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from halo_train.config import GRPOConfig, TrainConfigError
+
+log = logging.getLogger(__name__)
+
+LEARNER_STATE = "learner_state.pt"
+LEARNER_FORMAT = 1
+
+
+@dataclasses.dataclass
+class LearnerOptions:
+    """How the persistent learner trains each update (the rest, loss and data, comes from the update's GRPOConfig)."""
+
+    epochs_per_update: int = 1
+    mini_batch_size: int = 16  # rows per optimizer step
+    batch_size: int = 4  # rows per forward pass; mini_batch_size / batch_size passes are accumulated
+    max_steps: int | None = None  # most optimizer steps per update (a cap); None: every row, epochs_per_update times
+    warmup_steps: int = 0  # linear warm-up over the run's first optimizer steps, then constant
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise TrainConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise TrainConfigError(f"--train-steps caps an update's optimizer steps: give 1 or more, not {self.max_steps}")
+        if self.warmup_steps < 0:
+            raise TrainConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    rows: int  # distinct rows the update trained on
+    optimizer_steps: int
+    lineage: dict[str, int]
+    extra: dict[str, Any]  # the dataset's figures (groups, zero-std groups, stale rows, ...)
+    metrics: dict[str, float]
+    step_log: list[dict[str, float]]  # one entry per optimizer step
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class Learner:
+    """The model, its adapter, the optimizer and the schedule of one online run; see the module docstring."""
+
+    def __init__(self, template: GRPOConfig, options: LearnerOptions, loaded, load_seconds: float):
+        import torch
+
+        self.template = template
+        self.options = options
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.backend = loaded.backend
+        self.load_seconds = load_seconds
+        self.version = 0
+        self.step = 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise TrainConfigError("the model has no trainable parameters: is the adapter loaded as trainable?")
+        self.optimizer = torch.optim.AdamW(self.params, lr=template.lr, weight_decay=options.weight_decay)
+        warmup = options.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)) if warmup else 1.0
+        )
+        self.generator = torch.Generator().manual_seed(int(template.seed))
+        self.vision = None
+        from halo_agent.vlm import is_vlm
+        from halo_train.backends import base_model_path
+
+        if is_vlm(base_model_path(template.base_model)):
+            from halo_train.vlm import vlm_stats
+
+            self.vision = vlm_stats(self.model, self.tokenizer)
+
+    # ------------------------------------------------------------------ starting and resuming
+
+    @classmethod
+    def start(cls, template: GRPOConfig, options: LearnerOptions, version: int = 0) -> "Learner":
+        """The base model with a fresh adapter (or ``template.init_adapter``'s weights), a fresh optimizer."""
+        import torch
+
+        from halo_train.backends import load_for_training
+        from halo_train.trainer_utils import quiet_hub
+
+        quiet_hub()
+        torch.manual_seed(int(template.seed))  # the fresh adapter's initialisation
+        t0 = time.perf_counter()
+        loaded = load_for_training(template)
+        learner = cls(template, options, loaded, time.perf_counter() - t0)
+        learner.version = version
+        log.info("learner: %s at version %d (%s), loaded in %.1f s", template.base_model, version,
+                 f"warm start {template.init_adapter}" if template.init_adapter else "fresh adapter", learner.load_seconds)
+        return learner
+
+    @classmethod
+    def resume(cls, template: GRPOConfig, options: LearnerOptions, folder: str | os.PathLike[str]) -> "Learner":
+        """The learner as ``save(folder)`` left it: adapter, optimizer, schedule, generators, step and version."""
+        import torch
+
+        folder = Path(folder)
+        state_file = folder / LEARNER_STATE
+        if not state_file.exists():
+            raise TrainConfigError(f"{folder} holds no {LEARNER_STATE}: it was not saved by the persistent learner")
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if state.get("format") != LEARNER_FORMAT:
+            raise TrainConfigError(f"{state_file} has learner format {state.get('format')}, this HALO reads {LEARNER_FORMAT}")
+        learner = cls.start(dataclasses.replace(template, init_adapter=str(folder)), options, version=int(state["version"]))
+        learner.optimizer.load_state_dict(state["optimizer"])
+        learner.scheduler.load_state_dict(state["scheduler"])
+        learner.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        learner.step = int(state["step"])
+        log.info("learner resumed from %s: version %d, optimizer step %d", folder, learner.version, learner.step)
+        return learner
+
+    # ------------------------------------------------------------------ one update
+
+    def update(self, cfg: GRPOConfig) -> UpdateResult:
+        """Train on every row ``cfg`` selects (its view, --where, parameters), ``epochs_per_update`` times."""
+        import torch
+
+        from halo_train.data import read_for
+        from halo_train.grpo import GRPOCollator, batch_loss, clip_range, members_sql, training_rows
+
+        read = read_for(cfg, sql=members_sql(cfg.group_by, self.vision is not None))
+        dataset, dropped, extra, encoder = training_rows(cfg, read, self.tokenizer, self.vision)
+        rows = dataset.to_list()
+        if not rows:
+            from halo_train.data import NoTrainingSignalError
+
+            raise NoTrainingSignalError(f"no rows left to train on (read {read.table.num_rows}, dropped {dropped})")
+        collate = GRPOCollator(getattr(self.tokenizer, "tokenizer", self.tokenizer).pad_token_id, encoder)
+        clip = clip_range(cfg)
+        opts = self.options
+        before = lora_weights(self.model)
+        self.model.train()
+        step_log: list[dict[str, float]] = []
+        t0 = time.perf_counter()
+        for _ in range(opts.epochs_per_update):
+            order = torch.randperm(len(rows), generator=self.generator).tolist()
+            for minibatch in _chunks(order, opts.mini_batch_size):
+                if opts.max_steps is not None and len(step_log) >= opts.max_steps:
+                    break
+                self.optimizer.zero_grad(set_to_none=True)
+                sums: dict[str, float] = {}
+                for micro in _chunks(minibatch, opts.batch_size):
+                    batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
+                    loss, stats = batch_loss(self.model, batch, cfg, clip)
+                    share = len(micro) / len(minibatch)  # the minibatch's loss is the mean of its rows'
+                    (loss * share).backward()
+                    for key, value in {"loss": float(loss.detach()), **stats}.items():
+                        sums[key] = sums.get(key, 0.0) + share * float(value)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, opts.max_grad_norm)
+                lr = self.scheduler.get_last_lr()[0]
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                step_log.append({**sums, "grad_norm": float(grad_norm), "learning_rate": float(lr)})
+        train_seconds = time.perf_counter() - t0
+        self.version += 1
+        after = lora_weights(self.model)
+        t1 = time.perf_counter()
+        measured = self.measure(rows, collate)
+        measure_seconds = time.perf_counter() - t1
+
+        def mean(key: str) -> float:
+            values = [s[key] for s in step_log if key in s]
+            return sum(values) / len(values) if values else 0.0
+
+        metrics = {
+            "rows_trained": float(len(rows)),
+            "optimizer_steps": float(len(step_log)),
+            "learner_step": float(self.step),
+            "loss": mean("loss"),
+            "clip_ratio": mean("clip_ratio"),
+            "importance_ratio_mean": mean("importance_ratio_mean"),
+            "grad_norm": mean("grad_norm"),
+            "learning_rate": step_log[-1]["learning_rate"] if step_log else 0.0,
+            "displacement_from_base": displacement(after),
+            "displacement_from_previous": displacement(after, before),
+            **measured,
+            "update_train_seconds": train_seconds,
+            "update_measure_seconds": measure_seconds,
+        }
+        if step_log and "kl" in step_log[0]:
+            metrics["kl_to_base"] = mean("kl")
+        return UpdateResult(len(rows), len(step_log), read.lineage, {**extra, "dropped_rows": dropped}, metrics, step_log)
+
+    def measure(self, rows: list[dict[str, Any]], collate) -> dict[str, float]:
+        """After an update, without gradients over its rows: approx KL(new || old) against the stored token
+        logprobs (token-exact rows; 0 where none are stored) and the mean entropy of the distribution each
+        completion token was drawn from."""
+        import torch
+
+        from halo_train.grpo import _processed, approx_kl_terms
+        from halo_train.vlm import model_inputs
+
+        kl_sum = kl_tokens = entropy_sum = entropy_tokens = 0.0
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for chunk in _chunks(list(range(len(rows))), self.options.batch_size):
+                    batch = _to_device(collate([rows[i] for i in chunk]), self.model.device)
+                    logits = self.model(**model_inputs(batch)).logits[:, :-1].float()
+                    mask = batch["completion_mask"][:, 1:].bool()
+                    if "token_logprobs" in batch and "group_index" not in batch:
+                        exact = batch["has_token_logprobs"].bool().unsqueeze(-1) & mask
+                        log_ratio = _processed(logits, batch) - batch["token_logprobs"]
+                        kl_sum += float(approx_kl_terms(log_ratio)[exact].sum())
+                        kl_tokens += float(exact.sum())
+                    entropy = processed_entropy(logits, batch, mask)
+                    entropy_sum += float(entropy.sum())
+                    entropy_tokens += float(entropy.numel())
+        finally:
+            self.model.train()
+        return {
+            "approx_kl": kl_sum / kl_tokens if kl_tokens else 0.0,
+            "entropy": entropy_sum / entropy_tokens if entropy_tokens else 0.0,
+        }
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def save(self, folder: str | os.PathLike[str], extra_files: dict[str, str] | None = None) -> Path:
+        """The adapter (and tokenizer) and ``learner_state.pt`` in ``folder``, renamed into place when complete."""
+        import torch
+
+        final = Path(folder)
+        staging = final.parent / f".{final.name}.saving"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        self.model.save_pretrained(staging)
+        self.tokenizer.save_pretrained(staging)
+        torch.save({
+            "format": LEARNER_FORMAT,
+            "version": self.version,
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "options": dataclasses.asdict(self.options),
+        }, staging / LEARNER_STATE)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+        if final.exists():  # a folder left by an update that was killed after its rename is complete: replace it
+            shutil.rmtree(final)
+        staging.rename(final)
+        return final
+
+
+def _to_device(batch: dict[str, Any], device) -> dict[str, Any]:
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def processed_entropy(logits, inputs, mask):
+    """Entropy, at each completion position (``mask``), of the distribution the token there was drawn from: the
+    softmax at the row's temperature, restricted to the allowed tokens where a guided choice masked the draw."""
+    import torch
+
+    temperature = inputs.get("temperature")
+    scaled = logits if temperature is None else logits / temperature.to(logits.dtype)[:, None, None]
+    allowed = inputs.get("allowed_token_ids")
+    picked = scaled[mask]  # (N, V): the completion positions only
+    if allowed is not None and allowed.numel() and bool((allowed >= 0).any()):
+        allowed = allowed[mask]  # (N, K)
+        valid = allowed >= 0
+        keep = torch.zeros_like(picked, dtype=torch.bool).scatter_(-1, allowed.clamp(min=0), valid)
+        picked = torch.where(valid.any(-1, keepdim=True) & ~keep, torch.finfo(picked.dtype).min, picked)
+    logp = torch.log_softmax(picked, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def lora_weights(model) -> dict[str, tuple[Any, Any, float]]:
+    """Each LoRA module's (A, B, scale) as CPU copies: what the adapter adds to the base is scale · B · A."""
+    out = {}
+    for name, module in model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if not lora_a or "default" not in lora_a:
+            continue
+        out[name] = (lora_a["default"].weight.detach().float().cpu().clone(),
+                     module.lora_B["default"].weight.detach().float().cpu().clone(),
+                     float(module.scaling["default"]))
+    return out
+
+
+def displacement(now: dict[str, tuple[Any, Any, float]], before: dict[str, tuple[Any, Any, float]] | None = None) -> float:
+    """Mean over LoRA modules of ||scale · B · A||_F (how far the adapter moves the base), or with ``before`` of
+    ||scale · (B·A - B0·A0)||_F (how far this update moved it)."""
+    if not now:
+        return 0.0
+    total = 0.0
+    for name, (a, b, scale) in now.items():
+        delta = scale * (b @ a)
+        if before is not None:
+            a0, b0, scale0 = before[name]
+            delta = delta - scale0 * (b0 @ a0)
+        total += float(delta.norm())
+    return total / len(now)
