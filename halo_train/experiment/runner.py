@@ -57,7 +57,7 @@ class Runner:
     def __init__(self, protocol: Protocol, root: str | Path, workers: int = 1, dry_run: bool = False,
                  code_dir: Path | None = None, enforce: bool = True):
         self.p = protocol
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.lake = self.root / "lake"
         self.workers = workers
         self.dry_run = dry_run
@@ -151,7 +151,7 @@ class Runner:
             self.records.append({**record, "event": "start", "at": now()})
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / "logs" / f"{log_name}.log", "a") as out:
-            child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), cwd=self.cwd)
+            child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
             try:
                 rc = child.wait()
             except BaseException:  # the runner is stopped (SIGTERM, Ctrl-C): stop the stage too; --resume continues it
