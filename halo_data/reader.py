@@ -63,10 +63,11 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
     dtab = lake.table(name, version)
     table_schema = pa.schema(dtab.schema().to_arrow())
     scoped = runs is not None and "run_id" in spec.column_names
-    partitions = [("run_id", "in", list(runs))] if scoped and "run_id" in spec.partition_by else None
-    row_filter = f" WHERE list_contains({_sql_list(list(runs))}, run_id)" if scoped and not partitions else ""
+    # Files whose run_id partition (or, unpartitioned, min/max statistics) cannot hold the runs are never listed.
+    pruning = [("run_id", "in", list(runs))] if scoped else None
+    row_filter = f" WHERE list_contains({_sql_list(list(runs))}, run_id)" if scoped and "run_id" not in spec.partition_by else ""
     if lake.is_local:
-        files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris(partitions)]
+        files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris(file_pruning_predicate=pruning)]
         if files:
             hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
             hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
@@ -80,7 +81,7 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
     else:
         # Object stores: DuckDB reads through delta-rs's Arrow dataset (no extension download needed).
         source = f"__arrow_{name}"
-        _ARROW_SOURCES.setdefault(con, {})[source] = dtab.to_pyarrow_dataset(partitions)
+        _ARROW_SOURCES.setdefault(con, {})[source] = dtab.to_pyarrow_dataset(file_pruning_predicate=pruning)
         con.register(source, _ARROW_SOURCES[con][source])
         have = set(table_schema.names)
     extra = [n for n in table_schema.names if n not in spec.column_names and (source is None or n in have)]
