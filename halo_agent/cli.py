@@ -247,15 +247,17 @@ def eval_command(mode_names: str | None, modes_file: str | None, list_modes: boo
 @click.option("--timeout", "timeout_s", type=float, default=20.0, show_default=True, help="Seconds per command; then its process group is killed.")
 @click.option("--reward-map", default=None, help="Reward per outcome, e.g. correct=1,incorrect=-0.5,unknown=0 (the default).")
 @click.option("--task-seed", type=int, default=0, show_default=True, help="Seed of the task instances served (names, paths, answers).")
+@click.option("--idle-timeout", "idle_timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds an open sample may go without a request; then its sandbox is closed.")
 @run_cli
 def serve_tasks(env_name: str, host: str, port: int, task_file: str | None, max_rounds: int, timeout_s: float, reward_map: str | None,
-                task_seed: int) -> None:
+                task_seed: int, idle_timeout_s: float) -> None:
     """Serve the os tasks over LifelongAgentBench's session protocol (/api/reset, /api/interact, ...)."""
     from halo_agent.envs.os_sandbox import check_host
     from halo_agent.task_server import build_service, serve
 
     check_host()
-    service = build_service(task_file, max_rounds, reward_map, timeout_s, task_seed)
+    service = build_service(task_file, max_rounds, reward_map, timeout_s, task_seed, idle_timeout_s)
     click.echo(f"serving {len(service.tasks)} {env_name} tasks on http://{host}:{port}/api (Ctrl-C stops)", err=True)
     serve(service, host, port)
 @main.command()

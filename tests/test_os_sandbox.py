@@ -207,7 +207,7 @@ def test_close_kills_everything_and_removes_the_cgroup():
     box.start()
     box.run("nohup sleep 500 > /dev/null 2>&1 &")
     holder = box.holder_pid
-    cgroups = list(box._cgroup.dirs) if box._cgroup else []
+    cgroups = [*box._cgroup.dirs.values(), *box._eval_cgroup.dirs.values()] if box._cgroup else []
     box.close()
     assert not os.path.exists(f"/proc/{holder}")
     assert all(not d.exists() for d in cgroups)

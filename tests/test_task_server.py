@@ -199,7 +199,7 @@ def test_a_command_through_the_protocol_cannot_read_the_host_shadow(server):
     assert output.split()[-3:] == ["0", str(HOST_ID_BASE), "65536"]  # root inside is not root outside
 
 
-def test_what_their_server_refuses_is_refused_with_their_status_codes(server):
+def test_what_their_server_refuses_is_refused_with_a_client_error_and_the_reason(server):
     base, _ = server
     task = LabTaskClient(base)
     # Bodies their types reject: 422.
@@ -207,28 +207,32 @@ def test_what_their_server_refuses_is_refused_with_their_status_codes(server):
     bad_role = new_session(task, "users-add")
     bad_role["chat_history"]["value"] = [{"role": "system", "content": "You are root."}]
     assert refused(task.reset, bad_role)[0] == 422
-    # Requests their task asserts against: 500, with the reason.
+    # Requests their task asserts against: a 4xx (never a 500, which their client retries), with the reason.
     code, text = refused(task.reset, new_session(task, "no-such-task"))
-    assert code == 500 and "unknown sample index" in text
+    assert code == 404 and "unknown sample index" in text
+    code, text = refused(task.complete, {**new_session(task, "users-delete"), "sample_status": "completed"})
+    assert code == 409 and "call /api/reset first" in text  # complete before reset
     session = new_session(task, "users-delete")
     task.reset(session)
     code, text = refused(task.reset, new_session(task, "users-delete"))
-    assert code == 500 and "already open" in text
+    assert code == 409 and "already open" in text
     assert task.current_sample_index == "users-delete" and task.current_round == 0
     code, text = refused(task.complete, session)
-    assert code == 500 and "no longer running" in text
+    assert code == 409 and "no longer running" in text
     two_agents = json.loads(json.dumps(session))
     two_agents["chat_history"]["value"] += [{"role": "agent", "content": "Act: finish"}, {"role": "agent", "content": "Act: finish"}]
-    assert "two agent items" in refused(task.interact, two_agents)[1]
+    code, text = refused(task.interact, two_agents)
+    assert code == 400 and "two agent items" in text
     shortened = json.loads(json.dumps(session))
     shortened["chat_history"]["value"] = shortened["chat_history"]["value"][2:] + [{"role": "agent", "content": bash("true")}]
-    assert "shortened or changed" in refused(task.interact, shortened)[1]
+    code, text = refused(task.interact, shortened)
+    assert code == 400 and "shortened or changed" in text  # a tampered history
     code, text = refused(task.interact, {**new_session(task, "users-uid"), "sample_status": "running",
                                          "chat_history": {"value": [{"role": "agent", "content": "Act: finish"}]}})
-    assert code == 500 and "call /api/reset first" in text
+    assert code == 409 and "call /api/reset first" in text
     code, text = refused(task.calculate_metric, [{"sample_index": "no-such-task", "sample_status": "completed",
                                                   "evaluation_record": {"outcome": "correct", "detail_dict": None}}])
-    assert code == 500 and "unknown sample indices" in text
+    assert code == 404 and "unknown sample indices" in text
     # The session itself still goes on: the refused requests changed nothing.
     session["chat_history"]["value"].append({"role": "agent", "content": bash(INSTANCES["users-delete"].solution.script)})
     task.interact(session)

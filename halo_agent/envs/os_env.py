@@ -3,14 +3,18 @@
     env = OSEnv()                                   # tasks: configs/os_tasks.yaml, or task_file=...
     page = env.reset(task, task_seed=3)             # a fresh sandbox, the init of the task's seed-3 instance run
     outcome = env.step("touch /srv/app/ready")      # the command's output is the next observation
-    outcome = env.step(FINISH)                      # evaluation: +1 correct, -0.5 incorrect, 0 unknown
+    outcome = env.step(FINISH)                      # evaluation: +1 correct, -0.5 incorrect (or timed out, or crashed)
     env.close()
 
 It follows LifelongAgentBench's os_interaction protocol: the agent answers ``Act: bash`` with a
 fenced ```bash block (run as its own ``bash -c`` in the sample's sandbox) or ``Act: finish``; the
 OS answers "The output of the OS: ..."; after ``max_rounds`` commands (5 by default) or a finish,
-the task's evaluation script decides (exit 0: correct). A command that times out, or an
-evaluation that cannot run, makes the outcome ``unknown``.
+the task's evaluation script decides (exit 0: correct), run from trusted tools
+(``Sandbox.evaluate``: the host's interpreters and loader, the sandbox's data only). A check that
+fails, times out or cannot run makes the outcome ``incorrect``: no failure pays better than a wrong
+answer, so a policy gains nothing by stalling the check (a fifo where a file should be, processes
+left spinning) or by breaking the sandbox. ``unknown`` is LifelongAgentBench's outcome for a sample
+never evaluated; HALO's evaluation does not give it.
 
 Steps land in the lake like browser steps, with ``env = 'os'``: the prompt is the chat history
 (``PageState.extra["messages"]``, prompt version ``OS_PROMPT_VERSION``), the action is the
@@ -30,7 +34,7 @@ import re
 from typing import Any, Mapping
 
 from halo_agent.envs.base import EnvError, PageState, StepOutcome, TaskSpec, UnknownTaskError
-from halo_agent.envs.os_sandbox import CommandResult, Sandbox, SandboxConfig, SandboxError
+from halo_agent.envs.os_sandbox import HELPER_FAILED, CommandResult, Sandbox, SandboxConfig, SandboxError
 from halo_agent.envs.os_tasks import CATEGORIES, ENV_NAME, OSTask, Script, load_tasks
 
 log = logging.getLogger(__name__)
@@ -101,7 +105,11 @@ def os_output_message(result: CommandResult, timeout_s: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RewardMap:
-    """Reward per evaluation outcome (+1 correct, -0.5 incorrect, 0 unknown by default)."""
+    """Reward per evaluation outcome (+1 correct, -0.5 incorrect, 0 unknown by default).
+
+    A check that times out or crashes is ``incorrect`` (``OSSession.evaluate``), so it is paid as a
+    wrong answer whatever the map; ``unknown`` is kept for LifelongAgentBench's outcome of a sample
+    never evaluated."""
 
     correct: float = 1.0
     incorrect: float = -0.5
@@ -147,7 +155,8 @@ class OSSession:
             {"role": "user", "content": task.instruction},
         ]
         self.last_output = ""
-        self.outcome: str | None = None  # correct | incorrect | unknown, once evaluated
+        self.outcome: str | None = None  # correct | incorrect, once evaluated
+        self.evaluation: str | None = None  # passed | failed | timed out | crashed, once evaluated
         self.finish_reason: str | None = None
 
     def start(self) -> None:
@@ -194,14 +203,22 @@ class OSSession:
         return result
 
     def evaluate(self, reason: str) -> str:
-        """Run the evaluation script once: correct (exit 0), incorrect, or unknown (it could not run)."""
+        """Run the evaluation script once, from trusted tools: correct (exit 0) or incorrect (any other exit,
+        a timeout, or a check that could not run: ``evaluation`` says which)."""
         if self.outcome is None:
             try:
-                result = self._run(self.task.evaluation)
-                self.outcome = "unknown" if result.timed_out else ("correct" if result.exit_code == 0 else "incorrect")
+                result = self.sandbox.evaluate(self.task.evaluation.script, interpreter=self.task.evaluation.interpreter)
+                if result.timed_out:
+                    self.evaluation = "timed out"
+                elif result.exit_code == HELPER_FAILED:
+                    self.evaluation = "crashed"
+                    log.warning("evaluation of %s could not run: %s", self.task.task_id, result.output[-300:].strip())
+                else:
+                    self.evaluation = "passed" if result.exit_code == 0 else "failed"
             except SandboxError as e:
                 log.warning("evaluation of %s could not run: %s", self.task.task_id, e)
-                self.outcome = "unknown"
+                self.evaluation = "crashed"
+            self.outcome = "correct" if self.evaluation == "passed" else "incorrect"
             self.finish_reason = reason
         return self.outcome
 
@@ -301,7 +318,8 @@ class OSEnv:
         done = session.done
         page = self._page()
         if done:
-            info.update(outcome=session.outcome, finish_reason=session.finish_reason, rounds=session.rounds)
+            info.update(outcome=session.outcome, evaluation=session.evaluation, finish_reason=session.finish_reason,
+                        rounds=session.rounds)
             session.close()  # evaluated: nothing more runs in this sandbox
         return StepOutcome(
             page=page,

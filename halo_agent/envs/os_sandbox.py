@@ -1,63 +1,97 @@
 """A throwaway Linux sandbox per sample, without docker: a user namespace, a root of its own, cgroups and rlimits.
 
-    with Sandbox(SandboxConfig()) as box:          # ~35-45 ms: a fresh root, no network, no host secrets
+    with Sandbox(SandboxConfig()) as box:          # a fresh root, no network, no host secrets
         box.run("useradd alice && id alice")       # CommandResult(exit_code=0, output=..., ...)
         box.run("sleep 999")                       # killed with its process group at the timeout
+        box.evaluate("id alice")                   # a check from trusted tools, which no command can rewrite
 
-How one sandbox is built (``start``), as root on the host:
+Threat model. A command is written by a policy that is rewarded for passing evaluations, so it is
+treated as hostile: it runs as root *inside* (it may install packages' files, add users, chmod, kill
+its own processes, fill its disk, fork up to its limit, write anything in its root, /etc included)
+and may try anything a root shell can. It may not: act on the host (files, processes, network,
+devices, kernel settings, keys), regain the capabilities a command lacks, outlast its command's
+wall time on the CPU, starve other sandboxes or the host beyond its limits, or change how the
+evaluation runs (only what it checks). How each part is enforced:
 
-- ``unshare`` makes a new *user* namespace and, owned by it, new mount, PID, network, IPC and UTS
-  namespaces. Root inside is mapped to an unprivileged range outside (ids ``HOST_ID_BASE`` to
-  ``HOST_ID_BASE + ID_COUNT - 1``; ``cat /proc/self/uid_map`` inside shows ``0 1000000000 65536``),
-  so what root may do inside is bounded by what that unprivileged id may do on the host: host
-  files owned by real root are ``nobody``'s inside, and a file only real root may read (the
-  host's ``/etc/shadow``, ``/root``) stays unreadable even through a mount that shows it. The maps
-  are written by the host (``unshare --map-users``, through the writer ``id_mapper`` makes).
-- Its child (PID 1 of the new PID namespace, the *holder*) runs ``HOLDER_SCRIPT``: a tmpfs of
-  ``disk_mb`` holds an overlay's upper layer; the lower layer is a *root template* made once per
-  host (``root_template``): an ``/etc`` of the sandbox's own (``passwd``, ``group``, ``shadow`` and
-  ``gshadow`` written for it, with the host's non-secret configuration: ``login.defs``, PAM, the
-  alternatives, the loader cache, ...), empty ``/root``, ``/home``, ``/srv``, ``/tmp``, ``/var`` and
-  ``/run``, and the host's ``/usr`` (and ``/bin``, ``/lib``, ... where they are not links into it)
-  bound read-only: the tools, nothing else of the host (no ``/opt``, ``/work``, host ``/var``).
-  ``/proc`` is the PID namespace's own, with ``/proc/sys`` read-only; ``/sys`` is the network
-  namespace's own, read-only; ``/dev`` holds only ``null``, ``zero``, ``full``, ``random``,
-  ``urandom`` and ``tty``; ``pivot_root`` then drops the host's root from the mount namespace, so
-  no path inside leads out. The network namespace holds only a loopback that is down.
-- PID 1 stays a small init: it reaps every orphan reparented to it, so a background process that
-  exits or is killed leaves no zombie behind. The user namespace's own ``max_user_namespaces`` is
-  0, so no command makes a nested one (in which it would hold every capability again).
-- Each command is its own ``bash -c`` entered into those namespaces with ``nsenter`` and started
-  through ``setpriv`` with a reduced capability bounding set (inside the user namespace: no
-  ``CAP_SYS_ADMIN``: no mount, no new namespace; no ``CAP_SYS_CHROOT``, ``CAP_SYS_PTRACE``,
-  ``CAP_MKNOD``, ``CAP_SYS_RESOURCE``, ...), a clean environment (nothing of the host's, API keys
-  included), and rlimits: ``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_AS`` (address space),
-  ``RLIMIT_FSIZE`` and ``RLIMIT_NPROC``. The holder and every command join a cgroup (v1 or v2,
-  whichever the host offers) that caps the sandbox's processes (``pids.max``: a fork bomb stops
-  there) and memory. Where no cgroup can be made, a warning says so and the rlimits remain.
-- A command gets ``timeout_s`` of wall time (20 s by default); then its whole process group is
-  killed (background children included). Output (stdout and stderr together) is kept up to
-  ``output_limit`` bytes, the rest is read and dropped, and a marker says how much was cut.
-- ``close`` kills the holder: the kernel then kills every process left in the PID namespace,
-  and the mounts (the tmpfs with everything written) vanish with the mount namespace.
+- **Privilege.** ``unshare`` makes a new *user* namespace and, owned by it, new mount, PID, network,
+  IPC and UTS namespaces. Root inside is an unprivileged id outside (``HOST_ID_BASE``..``+ID_COUNT-1``;
+  ``cat /proc/self/uid_map`` inside shows ``0 1000000000 65536``), so host files owned by real root
+  stay out of reach even where a mount shows them. The maps are written by the host
+  (``unshare --map-users`` through the writer ``id_mapper`` makes). The namespace's own
+  ``max_user_namespaces`` is 0: no nested user namespace (where a command would hold every
+  capability again).
+- **Entry.** Every process that runs inside is started by ``halo-sandbox-exec``
+  (``os_sandbox_exec.c``), a *static* binary built once per host (``exec_helper``): it joins the
+  sandbox's cgroups and a new anonymous session keyring, enters the namespaces (user first) and the
+  root of the sandbox's PID 1, forks into the PID namespace, sets rlimits, installs a seccomp filter,
+  drops the capability bounding set and the capability sets (no ``CAP_SYS_ADMIN``: no mount, no new
+  namespace; no ``CAP_SYS_CHROOT``, ``CAP_SYS_PTRACE``, ``CAP_MKNOD``, ``CAP_SYS_RESOURCE``,
+  ``CAP_DAC_READ_SEARCH``, ...), and only then executes the program by absolute path. Nothing the
+  sandbox controls is loaded before the drop: a static binary reads no ``/etc/ld.so.preload``, no
+  ``ld.so.cache`` and no ``/lib64`` loader, so a preload written inside runs, if at all, with a
+  command's own reduced capabilities.
+- **Loader configuration.** ``/etc`` is a mount point of its own (it cannot be moved aside), and
+  ``ld.so.preload`` (empty), ``ld.so.cache``, ``ld.so.conf``, ``ld.so.conf.d``, ``nsswitch.conf`` and
+  Python's ``/etc/python3*`` are read-only binds of the root template's copies: a command can read
+  them, not change them.
+- **Evaluation.** ``evaluate`` runs the task's check through the same helper in ``eval`` mode: in a
+  mount namespace of its own whose root is built from trusted parts (the host's ``/usr`` read-only,
+  the ``/bin``, ``/lib``, ``/lib64`` links as the template has them, the sandbox's ``/proc``, a ``/dev``
+  of the genuine device nodes only) with every other entry of the sandbox's root bound at its place
+  (its data: ``/etc``, ``/root``, ``/home``, ``/srv``, ``/tmp``, ...). Interpreters are the host's, by
+  absolute path, in the clean environment (no ``LD_PRELOAD``, ``PYTHONPATH``, ``BASH_ENV``); Python
+  runs with ``-I`` (no user site-packages, no ``PYTHON*`` variables). A check therefore reads what
+  the commands left behind but runs no code of theirs. It runs in a cgroup of its own (its own
+  process and CPU budget), and ``os_env`` scores a check that times out or cannot run as incorrect.
+- **Keys.** The holder and every command get a new anonymous session keyring, and the seccomp
+  filter refuses ``keyctl``, ``add_key`` and ``request_key`` (with ``bpf``, ``perf_event_open``,
+  ``userfaultfd``, ``io_uring``, module loading, ``kexec``, ``unshare``, ``setns``, the mount API and
+  other calls no task needs; another syscall ABI is killed).
+- **Resources.** Each sandbox has a cgroup (v2, or v1's pids, memory, cpu and freezer hierarchies)
+  *under the server's own cgroup*, so the server's limits bound its sandboxes: ``pids.max`` (a fork
+  bomb stops there), memory, and a CPU quota (``cpus``: ``cpu.max`` or ``cpu.cfs_quota_us``). When a
+  command returns, the sandbox's processes are frozen until the next command or the evaluation
+  (background processes persist, as tasks may need them, but spend no CPU meanwhile). rlimits:
+  ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC``. Where no cgroup can be made, a
+  warning says so and the rlimits remain.
+- **Time and output.** A command gets ``timeout_s`` of wall time (20 s by default); then its whole
+  process group is killed. Output (stdout and stderr together) is kept up to ``output_limit`` bytes,
+  the rest is read and dropped, and a marker says how much was cut. A script of any length is
+  passed through a memory file, not the argument list.
+- **Root.** The holder (PID 1 of the PID namespace, ``HOLDER_SCRIPT``) mounts a tmpfs of ``disk_mb``
+  for an overlay's upper layer over a *root template* made once per host (``root_template``): an
+  ``/etc`` of the sandbox's own (accounts written for it, every password locked, with the host's
+  non-secret configuration), empty ``/root``, ``/home``, ``/srv``, ``/tmp``, ``/var`` and ``/run``,
+  and the host's ``/usr`` (and ``/bin``, ``/lib``, ... where they are not links into it) bound
+  read-only. ``/proc`` is the PID namespace's own with ``/proc/sys`` read-only; ``/sys`` is
+  read-only; ``/dev`` holds only ``null``, ``zero``, ``full``, ``random``, ``urandom`` and ``tty``;
+  ``pivot_root`` drops the host's root. The network namespace holds only a loopback that is down.
+  PID 1 reaps every orphan, so no zombie is left behind.
+- **Lifetime.** ``close`` kills the holder: the kernel kills every process left in the PID
+  namespace, and the mounts vanish with the mount namespace; the cgroups are removed. A sandbox's
+  cgroups are named after the process that made it (its pid and start time): if that process dies
+  without closing them (``SIGKILL``), the next sandbox made on the host (``reap_stale_sandboxes``, run
+  once per process) kills what is left in them and removes them.
 
-Requires root, util-linux 2.38 or later (``unshare --map-users``, ``nsenter``, ``setpriv``),
-user namespaces and overlayfs; ``check_host`` says what is missing in one line. ``.ci/setup``
-checks the same on a fresh machine.
+Requires root, util-linux 2.38 or later (``unshare --map-users``), user namespaces, overlayfs and a C
+compiler with a static C library (``gcc``, ``libc6-dev``) for the helper; ``check_host`` says what is
+missing in one line. ``.ci/setup`` installs and builds them on a fresh machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import logging
 import os
-import resource
+import re
 import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -69,7 +103,7 @@ HOST_ID_BASE = 1_000_000_000
 ID_COUNT = 65536
 # Where the host keeps the root template and the id map writers (made once, by content).
 CACHE_DIR = Path(os.environ.get("HALO_SANDBOX_CACHE", "/var/cache/halo-sandbox"))
-TEMPLATE_VERSION = "1"
+TEMPLATE_VERSION = "2"
 # Top-level folders of the host's root that hold the tools: bound read-only, or the same link.
 TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # The host's /etc entries the sandbox's /etc copies: configuration the tools read, no secrets.
@@ -97,6 +131,10 @@ SANDBOX_GROUPS = (
     ("utmp", 43), ("video", 44), ("plugdev", 46), ("staff", 50), ("games", 60), ("users", 100), ("nogroup", 65534),
 )
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+# /etc entries that decide how programs load and what Python runs at start: read-only binds of the
+# template's copies inside every sandbox (a command reads them, cannot change them).
+ETC_LOCKED = ("ld.so.preload", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "python3", "python3.11",
+              "python3.12", "python3.13")
 # Capabilities a command never has: the ones that would let it leave or reshape the sandbox.
 DROPPED_CAPABILITIES = (
     "sys_admin", "sys_resource", "sys_chroot", "sys_ptrace", "sys_module", "sys_boot", "sys_time",
@@ -104,6 +142,22 @@ DROPPED_CAPABILITIES = (
     "mac_override", "audit_control", "linux_immutable", "ipc_lock", "wake_alarm", "block_suspend",
     "bpf", "perfmon", "checkpoint_restore", "dac_read_search",
 )
+# The kernel's capability numbers (linux/capability.h).
+CAPABILITY_NUMBERS = {
+    "chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6, "setuid": 7,
+    "setpcap": 8, "linux_immutable": 9, "net_bind_service": 10, "net_broadcast": 11, "net_admin": 12, "net_raw": 13,
+    "ipc_lock": 14, "ipc_owner": 15, "sys_module": 16, "sys_rawio": 17, "sys_chroot": 18, "sys_ptrace": 19,
+    "sys_pacct": 20, "sys_admin": 21, "sys_boot": 22, "sys_nice": 23, "sys_resource": 24, "sys_time": 25,
+    "sys_tty_config": 26, "mknod": 27, "lease": 28, "audit_write": 29, "audit_control": 30, "setfcap": 31,
+    "mac_override": 32, "mac_admin": 33, "syslog": 34, "wake_alarm": 35, "block_suspend": 36, "audit_read": 37,
+    "perfmon": 38, "bpf": 39, "checkpoint_restore": 40,
+}
+KEPT_CAPABILITIES = sum(1 << n for name, n in CAPABILITY_NUMBERS.items() if name not in DROPPED_CAPABILITIES)
+HELPER_SOURCE = Path(__file__).resolve().parent / "os_sandbox_exec.c"
+# A script longer than this goes to the interpreter through a memory file (one argument may hold 128 KiB).
+ARGV_SCRIPT_LIMIT = 100_000
+HELPER_FAILED = 125  # the helper's exit status when it could not enter the sandbox
+FREEZE_WAIT_S = 0.5
 COMMAND_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
@@ -135,7 +189,8 @@ echo 0 > /proc/sys/user/max_user_namespaces
 mount -t tmpfs -o size=${HALO_DISK_MB}m,mode=755 halo-sandbox /run
 mkdir /run/upper /run/work /run/root
 # One mount(8) for the rest (each exec costs ~2 ms of a sandbox's start): the overlay over the
-# root template, the tools read-only, /proc with /proc/sys read-only, /sys read-only, the devices.
+# root template, the tools read-only, /proc with /proc/sys read-only, /sys read-only, the devices,
+# /etc's locked entries.
 {
   echo "overlay /run/root overlay lowerdir=$HALO_TEMPLATE,upperdir=/run/upper,workdir=/run/work 0 0"
   for d in $HALO_TOOL_DIRS; do echo "$HALO_ROOTFS/$d /run/root/$d none bind,ro 0 0"; done
@@ -143,6 +198,10 @@ mkdir /run/upper /run/work /run/root
   echo "/run/root/proc/sys /run/root/proc/sys none bind,ro 0 0"
   echo "sysfs /run/root/sys sysfs ro,nosuid,nodev,noexec 0 0"
   for d in $HALO_DEVICES; do echo "/dev/$d /run/root/dev/$d none bind 0 0"; done
+  # /etc a mount point of its own (it cannot be moved aside); the loader's and Python's start-up
+  # configuration read-only binds of the template's copies.
+  echo "/run/root/etc /run/root/etc none bind 0 0"
+  for f in $HALO_ETC_LOCKED; do echo "$HALO_TEMPLATE/etc/$f /run/root/etc/$f none bind,ro 0 0"; done
 } > /run/fstab
 mount --all --fstab /run/fstab
 # pivot_root with new and old root the same folder stacks the host's root under the new one;
@@ -171,11 +230,12 @@ class SandboxConfig:
     max_processes: int = 64  # the sandbox's cgroup pids.max
     disk_mb: int = 256  # size of the tmpfs holding everything the sandbox writes
     output_limit: int = 8192  # bytes of a command's output kept; the rest is dropped with a marker
+    cpus: float = 1.0  # the sandbox's CPU quota (cgroup cpu.max), in CPUs
     rootfs: str = "/"  # the tree whose /usr (and /bin, /lib, ...) the sandbox's tools come from, read-only
     start_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_processes", "disk_mb", "output_limit"):
+        for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_processes", "disk_mb", "output_limit", "cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox {name} must be positive, got {getattr(self, name)}")
         if not os.path.isdir(self.rootfs):
@@ -196,7 +256,7 @@ def check_host() -> None:
     """Raise ``SandboxError`` saying what this machine lacks for a sandbox."""
     if os.geteuid() != 0:
         raise SandboxError("the os sandbox needs root (namespaces, overlayfs and cgroups): run HALO as root")
-    missing = [tool for tool in ("unshare", "nsenter", "setpriv", "bash", "hostname") if shutil.which(tool) is None]
+    missing = [tool for tool in ("unshare", "bash", "hostname") if shutil.which(tool) is None]
     if missing:
         raise SandboxError(f"the os sandbox needs {', '.join(missing)}: apt-get install util-linux bash hostname")
     if "overlay" not in Path("/proc/filesystems").read_text():
@@ -205,6 +265,7 @@ def check_host() -> None:
         raise SandboxError("the kernel offers no user namespaces (CONFIG_USER_NS): the os sandbox needs them")
     if "--map-users" not in _unshare_help():
         raise SandboxError("the os sandbox needs unshare --map-users: install util-linux 2.38 or later")
+    exec_helper()
 
 
 _help_cache: list[str] = []
@@ -232,6 +293,7 @@ def _accounts() -> dict[str, str]:
         "hosts": "127.0.0.1 localhost\n127.0.1.1 sandbox\n::1 localhost ip6-localhost ip6-loopback\n",
         "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files\n",
         "resolv.conf": "",
+        "ld.so.preload": "",  # present, empty and read-only inside: the loader preloads nothing
         "subuid": "",
         "subgid": "",
     }
@@ -313,36 +375,189 @@ def id_mapper() -> Path:
     return folder
 
 
-class _Cgroup:
-    """One cgroup per sandbox for its processes and memory (cgroup v2, or v1's pids and memory hierarchies)."""
+_helper_lock = threading.Lock()
 
-    ROOT = Path("/sys/fs/cgroup")
 
-    def __init__(self, name: str, max_processes: int, memory_bytes: int) -> None:
-        self.dirs: list[Path] = []
+def exec_helper() -> Path:
+    """The static ``halo-sandbox-exec`` (``os_sandbox_exec.c``), built once per host and source (``cc -static``)."""
+    source = HELPER_SOURCE.read_bytes()
+    path = CACHE_DIR / f"exec-{hashlib.sha256(source).hexdigest()[:16]}" / "halo-sandbox-exec"
+    if path.exists():
+        return path
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SandboxError("the os sandbox builds a small static helper: apt-get install gcc libc6-dev")
+    with _helper_lock:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True, mode=0o755)
+        build = Path(tempfile.mkdtemp(prefix=".exec-", dir=CACHE_DIR))
+        built = subprocess.run([compiler, "-O2", "-static", "-o", str(build / path.name), str(HELPER_SOURCE)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            shutil.rmtree(build, ignore_errors=True)
+            lines = [line for line in built.stderr.splitlines() if "error" in line] or built.stderr.splitlines() or ["no output"]
+            raise SandboxError(f"cannot build the os sandbox's static helper ({lines[0].strip()}): apt-get install gcc libc6-dev")
+        os.chmod(build, 0o755)
         try:
-            if (self.ROOT / "cgroup.controllers").exists():
-                self._make(self.ROOT / name, {"pids.max": max_processes, "memory.max": memory_bytes})
-            else:
-                self._make(self.ROOT / "pids" / name, {"pids.max": max_processes})
-                self._make(self.ROOT / "memory" / name, {"memory.limit_in_bytes": memory_bytes})
+            os.rename(build, path.parent)
+        except OSError:  # built meanwhile by another process: keep theirs
+            shutil.rmtree(build, ignore_errors=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ cgroups
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PREFIX = "halo-sandbox-"
+V1_CONTROLLERS = ("pids", "memory", "cpu", "freezer")
+V2_CONTROLLERS = ("pids", "memory", "cpu")
+CPU_PERIOD_US = 100_000
+_STALE_NAME = re.compile(rf"^{CGROUP_PREFIX}(\d+)-(\d+)-[0-9a-f]+(-eval)?$")
+
+
+def _process_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), which tells it from a later process with its pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup per v1 controller, or under ``""`` its cgroup v2 path."""
+    own: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path
+    return own
+
+
+def _cgroup_v2() -> bool:
+    return (CGROUP_ROOT / "cgroup.controllers").exists()
+
+
+_v2_parent: list[Path] = []
+
+
+def _cgroup_parents() -> dict[str, Path]:
+    """Where this process's sandboxes' cgroups go: under its own cgroup, per hierarchy (``""`` for v2)."""
+    own = _own_cgroups()
+    if _cgroup_v2():
+        return {"": _v2_delegated_parent(CGROUP_ROOT / own.get("", "/").lstrip("/"))}
+    return {c: CGROUP_ROOT / c / own[c].lstrip("/") for c in V1_CONTROLLERS if c in own and (CGROUP_ROOT / c).is_dir()}
+
+
+def _v2_delegated_parent(parent: Path) -> Path:
+    """The server's own v2 cgroup, with pids, memory and cpu enabled for its children.
+
+    A v2 cgroup with processes cannot hand controllers to children (unless it is the root): this
+    process then moves itself into a leaf ``halo-server`` of its cgroup first, once."""
+    if _v2_parent:
+        return _v2_parent[0]
+    available = set((parent / "cgroup.controllers").read_text().split())
+    wanted = [c for c in V2_CONTROLLERS if c in available]
+    try:
+        _enable(parent, wanted)
+    except OSError as e:
+        if e.errno != errno.EBUSY or parent == CGROUP_ROOT:
+            raise
+        leaf = parent / "halo-server"
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        _enable(parent, wanted)
+    _v2_parent.append(parent)
+    return parent
+
+
+def _enable(parent: Path, controllers: list[str]) -> None:
+    enabled = set((parent / "cgroup.subtree_control").read_text().split())
+    missing = [c for c in controllers if c not in enabled]
+    if missing:
+        (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
+
+
+class _Cgroup:
+    """One cgroup (v2, or one per v1 hierarchy) under the server's own: processes, memory, CPU, freezing."""
+
+    def __init__(self, name: str, max_processes: int, memory_bytes: int, cpus: float) -> None:
+        self.name = name
+        self.dirs: dict[str, Path] = {}  # hierarchy ("" for v2) -> folder
+        self.frozen = False
+        quota = max(1000, int(cpus * CPU_PERIOD_US))
+        try:
+            for hierarchy, parent in _cgroup_parents().items():
+                limits = {
+                    "": {"pids.max": max_processes, "memory.max": memory_bytes, "cpu.max": f"{quota} {CPU_PERIOD_US}"},
+                    "pids": {"pids.max": max_processes}, "memory": {"memory.limit_in_bytes": memory_bytes},
+                    "cpu": {"cpu.cfs_period_us": CPU_PERIOD_US, "cpu.cfs_quota_us": quota}, "freezer": {},
+                }[hierarchy]
+                self._make(hierarchy, parent / name, limits)
         except OSError as e:
             self.remove()
-            _warn_once(f"no cgroup for the os sandbox ({e.strerror}: {e.filename}): processes and total memory are not capped, only rlimits apply")
+            _warn_once(f"no cgroup for the os sandbox ({e.strerror}: {e.filename}): processes, memory and CPU are not capped, "
+                       "only rlimits apply")
 
-    def _make(self, folder: Path, limits: dict[str, int]) -> None:
+    @classmethod
+    def existing(cls, name: str, dirs: dict[str, Path]) -> "_Cgroup":
+        """A cgroup made earlier (by another process), to kill and remove; taken as frozen, so it is thawed first."""
+        group = cls.__new__(cls)
+        group.name, group.dirs, group.frozen = name, dict(dirs), True
+        return group
+
+    def _make(self, hierarchy: str, folder: Path, limits: dict[str, object]) -> None:
         folder.mkdir()
-        self.dirs.append(folder)
+        self.dirs[hierarchy] = folder
         for key, value in limits.items():
-            (folder / key).write_text(str(value))
+            if (folder / key).exists():  # a v2 controller the parent does not offer has no files
+                (folder / key).write_text(str(value))
 
     @property
     def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs]
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def pids(self) -> list[int]:
+        folder = self.dirs.get("") or self.dirs.get("pids") or next(iter(self.dirs.values()), None)
+        try:
+            return [int(p) for p in (folder / "cgroup.procs").read_text().split()] if folder else []
+        except OSError:
+            return []
+
+    def freeze(self, frozen: bool) -> None:
+        """Stop (or resume) every process in the cgroup; waits a little for the kernel to finish freezing."""
+        if frozen == self.frozen:
+            return
+        if "" in self.dirs and (self.dirs[""] / "cgroup.freeze").exists():
+            control, value, done = self.dirs[""] / "cgroup.freeze", "1" if frozen else "0", lambda f: f"frozen {int(frozen)}" in (f.parent / "cgroup.events").read_text()
+        elif "freezer" in self.dirs:
+            control, value, done = self.dirs["freezer"] / "freezer.state", "FROZEN" if frozen else "THAWED", lambda f: f.read_text().strip() == value
+        else:
+            return
+        try:
+            control.write_text(value)
+            self.frozen = frozen
+            deadline = time.monotonic() + FREEZE_WAIT_S
+            while frozen and not done(control) and time.monotonic() < deadline:
+                time.sleep(0.002)
+        except OSError as e:
+            log.warning("could not %s cgroup %s: %s", "freeze" if frozen else "thaw", self.name, e)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the cgroup (a frozen v1 cgroup is thawed first, or the kill waits)."""
+        kill = self.dirs.get("", Path("/nonexistent")) / "cgroup.kill"
+        if kill.exists():
+            kill.write_text("1")
+            return
+        self.freeze(False)
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                _kill(pid)
+            time.sleep(0.01)
 
     def remove(self) -> None:
-        for folder in self.dirs:
-            for _ in range(50):  # a cgroup can be removed once the kernel has reaped its last process
+        for folder in self.dirs.values():
+            for _ in range(100):  # a cgroup can be removed once the kernel has reaped its last process
                 try:
                     folder.rmdir()
                     break
@@ -352,7 +567,54 @@ class _Cgroup:
                     time.sleep(0.01)
             else:
                 log.warning("could not remove cgroup %s", folder)
-        self.dirs = []
+        self.dirs = {}
+
+
+_reaped: list[bool] = []
+_reap_lock = threading.Lock()
+
+
+def reap_stale_sandboxes(force: bool = False) -> int:
+    """Kill and remove the sandboxes whose maker died without closing them (e.g. a server killed with SIGKILL).
+
+    Their cgroups, next to this process's, are named after the maker's pid and start time; a maker that
+    is gone (or whose pid now belongs to another process) leaves them stale. Killing their processes
+    kills each holder, and with it the sandbox's namespaces and mounts. Runs once per process unless
+    ``force``; returns how many sandboxes it removed."""
+    with _reap_lock:
+        if _reaped and not force:
+            return 0
+        _reaped.append(True)
+        try:
+            parents = _cgroup_parents()
+        except OSError:
+            return 0
+        stale: dict[str, _Cgroup] = {}
+        for hierarchy, parent in parents.items():
+            try:
+                children = list(parent.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                match = _STALE_NAME.match(child.name)
+                if match is None or not child.is_dir():
+                    continue
+                pid, started = int(match.group(1)), int(match.group(2))
+                if pid == os.getpid() or _process_start(pid) == started:
+                    continue  # its maker still runs
+                stale.setdefault(child.name, {})[hierarchy] = child
+        for name, dirs in stale.items():
+            group = _Cgroup.existing(name, dirs)
+            group.kill_all()
+            group.remove()
+        sandboxes = len({name.removesuffix("-eval") for name in stale})
+        if sandboxes:
+            log.warning("removed %d sandbox(es) left behind by a process that died without closing them", sandboxes)
+        return sandboxes
+
+
+def _cgroup_name() -> str:
+    return f"{CGROUP_PREFIX}{os.getpid()}-{_process_start(os.getpid()) or 0}-{uuid.uuid4().hex[:12]}"
 
 
 _warned: set[str] = set()
@@ -364,14 +626,24 @@ def _warn_once(message: str) -> None:
         log.warning(message)
 
 
+def _tool_path(rootfs: str, name: str) -> str:
+    """The absolute path, inside, of one of the host's interpreters (``bash``, ``python3``)."""
+    for folder in ("/usr/bin", "/bin", "/usr/local/bin"):
+        if os.path.exists(f"{rootfs.rstrip('/')}{folder}/{name}"):
+            return f"{folder}/{name}"
+    raise SandboxError(f"the os sandbox's rootfs {rootfs} has no {name}")
+
+
 class Sandbox:
-    """One sample's sandbox: ``start``, any number of ``run``, ``close`` (or use it as a context manager)."""
+    """One sample's sandbox: ``start``, any number of ``run``, ``evaluate``, ``close`` (or use it as a context manager)."""
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self.holder_pid: int | None = None
         self._unshare: subprocess.Popen | None = None
         self._cgroup: _Cgroup | None = None
+        self._eval_cgroup: _Cgroup | None = None
+        self._template: Path | None = None
         self.start_ms: float = 0.0
 
     def __enter__(self) -> "Sandbox":
@@ -384,26 +656,32 @@ class Sandbox:
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         check_host()
+        reap_stale_sandboxes()
         started = time.perf_counter()
         cfg = self.config
-        self._cgroup = _Cgroup(f"halo-sandbox-{uuid.uuid4().hex[:12]}", cfg.max_processes, cfg.memory_mb * 1024 * 1024)
-        template, mapper = root_template(cfg.rootfs), id_mapper()
+        name = _cgroup_name()
+        memory = cfg.memory_mb * 1024 * 1024
+        self._cgroup = _Cgroup(name, cfg.max_processes, memory, cfg.cpus)
+        self._eval_cgroup = _Cgroup(name + "-eval", cfg.max_processes, memory, cfg.cpus)
+        self._template = template = root_template(cfg.rootfs)
+        mapper = id_mapper()
         env = {
             **COMMAND_ENV,
             "PATH": f"{mapper}:{COMMAND_ENV['PATH']}",
             "HALO_ROOTFS": cfg.rootfs.rstrip("/"),
             "HALO_TEMPLATE": str(template),
             "HALO_DISK_MB": str(cfg.disk_mb),
-            "HALO_TOOL_DIRS": " ".join(d for d in TOOL_DIRS if (template / d).is_dir() and not (template / d).is_symlink()),
+            "HALO_TOOL_DIRS": " ".join(self._tool_binds()),
             "HALO_DEVICES": " ".join(DEVICES),
+            "HALO_ETC_LOCKED": " ".join(f for f in ETC_LOCKED if os.path.lexists(template / "etc" / f)),
         }
         ids = f"{HOST_ID_BASE},0,{ID_COUNT}"
-        command = ["unshare", f"--map-users={ids}", "--setuid", "0", "--setgid", "0",
+        command = [str(exec_helper()), "spawn", *self._cgroup_options(self._cgroup), "--",
+                   shutil.which("unshare") or "/usr/bin/unshare", f"--map-users={ids}", "--setuid", "0", "--setgid", "0",
                    "--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child",
                    "--propagation", "private", "sh", "-c", HOLDER_SCRIPT]
         self._unshare = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                         preexec_fn=self._join_cgroup)
+                                         stderr=subprocess.PIPE, env=env, start_new_session=True)
         ready = self._wait_ready()
         if not ready:
             error = self._unshare.stderr.read().decode("utf-8", "replace").strip() if self._unshare.poll() is not None else "no answer"
@@ -411,6 +689,15 @@ class Sandbox:
             raise SandboxError(f"the sandbox did not start: {error.splitlines()[-1] if error else 'holder exited'}")
         self.holder_pid = self._find_holder()
         self.start_ms = (time.perf_counter() - started) * 1000.0
+
+    def _tool_binds(self) -> list[str]:
+        template = self._template
+        assert template is not None
+        return [d for d in TOOL_DIRS if (template / d).is_dir() and not (template / d).is_symlink()]
+
+    @staticmethod
+    def _cgroup_options(cgroup: _Cgroup | None) -> list[str]:
+        return [option for procs in (cgroup.procs_files if cgroup else ()) for option in ("--cgroup", procs)]
 
     def _wait_ready(self) -> bool:
         assert self._unshare is not None and self._unshare.stdout is not None
@@ -435,8 +722,11 @@ class Sandbox:
         return int(children[0])
 
     def close(self) -> None:
-        # The holder first: unshare, its parent, reaps it and exits, so it leaves no zombie behind;
-        # then unshare itself, should it not have exited.
+        # Thawed first (a frozen process waits to die); then the holder: unshare, its parent, reaps it
+        # and exits, so it leaves no zombie behind; then unshare itself, should it not have exited.
+        for cgroup in (self._cgroup, self._eval_cgroup):
+            if cgroup is not None:
+                cgroup.freeze(False)
         if self.holder_pid:
             _kill(self.holder_pid)
         if self._unshare is not None:
@@ -450,35 +740,73 @@ class Sandbox:
                     stream.close()
             self._unshare = None
         self.holder_pid = None
-        if self._cgroup is not None:
-            self._cgroup.remove()
-            self._cgroup = None
+        for cgroup in (self._cgroup, self._eval_cgroup):
+            if cgroup is not None:
+                cgroup.kill_all()  # what an evaluation or a command's helper left, if anything
+                cgroup.remove()
+        self._cgroup = self._eval_cgroup = None
 
     @property
     def alive(self) -> bool:
         return self.holder_pid is not None and self._unshare is not None and self._unshare.poll() is None
 
     # -------------------------------------------------------------------------------- commands
-    def command_line(self, script: str, interpreter: str = "bash") -> list[str]:
-        """The host command that runs ``script`` inside the sandbox (``bash -c`` or ``python3 -c``)."""
+    def command_line(self, script: str, interpreter: str = "bash", mode: str = "run", script_fd: int | None = None) -> list[str]:
+        """The host command that runs ``script`` inside the sandbox (``bash -c`` or ``python3 -c``).
+
+        ``mode`` ``eval`` runs it in the trusted root, Python isolated (``-I``); ``script_fd`` passes
+        the script as that open file instead of an argument."""
         if self.holder_pid is None:
             raise SandboxError("the sandbox is not started")
-        inner = ["bash", "-c", script] if interpreter == "bash" else ["python3", "-c", script]
-        caps = ",".join(f"-{c}" for c in DROPPED_CAPABILITIES)
-        return ["nsenter", "-t", str(self.holder_pid), "-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w",
-                "setpriv", f"--bounding-set={caps}", "--", *inner]
+        cfg = self.config
+        program = _tool_path(cfg.rootfs, "bash" if interpreter == "bash" else "python3")
+        flags = ["-I"] if interpreter != "bash" and mode == "eval" else []
+        inner = [program, *flags, *([f"/proc/self/fd/{script_fd}"] if script_fd is not None else ["-c", script])]
+        memory, disk = cfg.memory_mb * 1024 * 1024, cfg.disk_mb * 1024 * 1024
+        options = ["--pid", str(self.holder_pid), "--keep-caps", f"{KEPT_CAPABILITIES:x}",
+                   "--rlimit", f"{cfg.cpu_seconds},{memory},{disk},{cfg.max_processes}",
+                   *self._cgroup_options(self._eval_cgroup if mode == "eval" else self._cgroup)]
+        if mode == "eval":
+            template = self._template
+            assert template is not None
+            for name in TOOL_DIRS:
+                if (template / name).is_symlink():
+                    options += ["--link", f"{name}={os.readlink(template / name)}"]
+            options += [option for name in self._tool_binds() for option in ("--bind", name)]
+        return [str(exec_helper()), mode, *options, "--", *inner]
 
     def run(self, script: str, timeout_s: float | None = None, interpreter: str = "bash") -> CommandResult:
-        """Run one command in the sandbox; it cannot outlive ``timeout_s`` nor flood this process."""
+        """Run one command in the sandbox; it cannot outlive ``timeout_s`` nor flood this process.
+
+        The sandbox's processes run while it runs; when it returns they are frozen until the next."""
+        return self._execute(script, timeout_s, interpreter, "run")
+
+    def evaluate(self, script: str, timeout_s: float | None = None, interpreter: str = "bash") -> CommandResult:
+        """Run a check from trusted tools: the host's interpreters and loader, the sandbox's data only."""
+        return self._execute(script, timeout_s, interpreter, "eval")
+
+    def _execute(self, script: str, timeout_s: float | None, interpreter: str, mode: str) -> CommandResult:
         if not self.alive:
             raise SandboxError("the sandbox is gone (closed, or its holder was killed)")
         timeout = float(timeout_s if timeout_s is not None else self.config.timeout_s)
+        encoded = script.encode("utf-8", "surrogateescape")
+        script_fd = None
+        if len(encoded) > ARGV_SCRIPT_LIMIT:  # past what one argument may hold: a memory file
+            script_fd = os.memfd_create("halo-script", 0)
+            os.write(script_fd, encoded)
+            os.lseek(script_fd, 0, os.SEEK_SET)
+        if self._cgroup is not None:
+            self._cgroup.freeze(False)
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            self.command_line(script, interpreter), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=dict(COMMAND_ENV), cwd="/", start_new_session=True,
-            preexec_fn=self._limit_child,
-        )
+        try:
+            proc = subprocess.Popen(
+                self.command_line(script, interpreter, mode, script_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=dict(COMMAND_ENV), cwd="/", start_new_session=True,
+                pass_fds=(script_fd,) if script_fd is not None else (),
+            )
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
         try:
             kept, total, timed_out = _read_bounded(proc, timeout, self.config.output_limit)
         finally:
@@ -486,6 +814,10 @@ class Sandbox:
         if timed_out:
             _kill_group(proc.pid)
         exit_code = proc.wait()
+        if mode == "run" and self._cgroup is not None:
+            self._cgroup.freeze(True)  # what it left running spends no CPU until the next command
+        if mode == "eval" and self._eval_cgroup is not None:
+            self._eval_cgroup.kill_all()  # a check leaves nothing behind
         output = kept.decode("utf-8", "replace")
         truncated = total > len(kept)
         if truncated:
@@ -498,23 +830,6 @@ class Sandbox:
             output_bytes=total,
             duration_ms=(time.perf_counter() - started) * 1000.0,
         )
-
-    def _limit_child(self) -> None:
-        """In the forked child, before nsenter runs: rlimits, and the sandbox's cgroup."""
-        cfg = self.config
-        resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_seconds, cfg.cpu_seconds))
-        memory = cfg.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        disk = cfg.disk_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg.max_processes, cfg.max_processes))
-        self._join_cgroup()
-
-    def _join_cgroup(self) -> None:
-        """In a forked child, on the host's side: join the sandbox's cgroup (inside, its files are not root's)."""
-        for procs in (self._cgroup.procs_files if self._cgroup else ()):
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
 
 
 def _parent_of(pid: str) -> int | None:
