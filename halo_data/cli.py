@@ -157,22 +157,55 @@ def describe(name: str, lake_path: str) -> None:
         click.echo(f"{r[0].ljust(width)}  {r[1].ljust(twidth)}  {docs.get(r[0], '')}".rstrip())
 
 
+EXPORT_FORMATS = ("jsonl", "parquet", "atif", "hf")
+
+
 @main.command()
 @click.argument("view")
-@click.argument("output", type=click.Path(dir_okay=False))
+@click.argument("output", required=False)
 @LAKE_OPTION
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Default: from OUTPUT's suffix.")
-@click.option("--where", help="SQL filter on the view's columns.")
+@click.option("--format", "fmt", metavar="FORMAT",
+              help=f"{' | '.join(EXPORT_FORMATS)}. Default: from OUTPUT's suffix (.parquet, else jsonl).")
+@click.option("--where", help="SQL filter on the view's columns (atif: an episode is exported when one of its rows matches).")
 @click.option("--top-percent", type=float, help="Top-percent cut of progress_ranking (bc_rows).")
 @click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help=f"View parameter: {PARAM_NAMES}.")
 @click.option("--as-of", help="Read an older snapshot (see query).")
+@click.option("--split-by", metavar="COLUMN", help="hf: one split per value of COLUMN (default: one split, train).")
+@click.option("--push-to-hub", "hub_repo", metavar="REPO", help="hf: then upload the folder to the Hub as dataset REPO (needs HF_TOKEN).")
+@click.option("--private", is_flag=True, help="hf: with --push-to-hub, create the Hub dataset private.")
 @run_cli
-def export(view: str, output: str, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None, view_params, as_of: str | None) -> None:
-    """Write VIEW to OUTPUT: JSONL in TRL's column names (prompt/completion, prompt/chosen/rejected) or Parquet."""
+def export(view: str, output: str | None, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None,
+           view_params, as_of: str | None, split_by: str | None, hub_repo: str | None, private: bool) -> None:
+    """Write VIEW to OUTPUT: JSONL in TRL's column names (prompt/completion, prompt/chosen/rejected), Parquet,
+    a Hugging Face dataset folder (--format hf), or ATIF documents of whole episodes (--format atif [VIEW] OUTPUT)."""
+    if fmt is not None and fmt not in EXPORT_FORMATS:
+        fail(f"unknown export format {fmt!r}: use {', '.join(EXPORT_FORMATS)}")
+    if output is None:
+        if fmt != "atif":
+            fail("missing OUTPUT: halo-data export VIEW OUTPUT (only --format atif takes OUTPUT alone)")
+        view, output = "steps", view
+    if fmt != "hf" and (split_by or hub_repo or private):
+        fail("--split-by, --push-to-hub and --private are options of --format hf")
+    lake = Lake.open(lake_path)
+    params = _view_params(view_params, top_percent)
+    if fmt == "atif":
+        from halo_data.atif import export_atif
+
+        episodes, images = export_atif(lake, output, view=view, where=where, params=params, as_of=as_of)
+        click.echo(f"{episodes} episodes written as ATIF to {output} ({images} screenshots)")
+        return
+    if fmt == "hf":
+        from halo_data.hf_dataset import export_hf, push_to_hub
+
+        result = export_hf(lake, view, output, where=where, params=params, as_of=as_of, split_by=split_by)
+        splits = ", ".join(f"{s}: {n}" for s, n in result.rows.items())
+        click.echo(f"{result.total} rows of {view} written to {output} as a Hugging Face dataset ({splits})")
+        if hub_repo:
+            click.echo(f"pushed to {push_to_hub(output, hub_repo, private=private)}")
+        return
     from halo_data.ops import export as do_export
 
-    lake = Lake.open(lake_path)
-    n = do_export(lake, view, output, fmt=fmt, where=where, params=_view_params(view_params, top_percent), as_of=as_of)
+    n = do_export(lake, view, output, fmt=fmt, where=where, params=params, as_of=as_of)
     click.echo(f"{n} rows of {view} written to {output}")
 
 
@@ -180,12 +213,15 @@ def export(view: str, output: str, lake_path: str, fmt: str | None, where: str |
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
 @LAKE_OPTION
 @click.option("--run-id", help="Run id for the imported episodes (default: derived from each source).")
-@click.option("--format", "fmt", type=click.Choice(["auto", "agisdk", "jsonl"]), default="auto", show_default=True)
+@click.option("--format", "fmt", metavar="FORMAT", default="auto", show_default=True,
+              help="auto | agisdk | jsonl | atif (auto: ATIF .json/.jsonl documents are recognised by their schema_version).")
 @run_cli
 def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: str) -> None:
-    """Import agisdk result folders or per-episode JSONL trajectories (creating the lake if missing)."""
-    from halo_data.importers import import_sources
+    """Import agisdk result folders, per-episode JSONL trajectories or ATIF documents (creating the lake if missing)."""
+    from halo_data.importers import IMPORT_FORMATS, import_sources
 
+    if fmt not in IMPORT_FORMATS:
+        fail(f"unknown import format {fmt!r}: use {', '.join(IMPORT_FORMATS)}")
     lake = Lake.init(lake_path)
     report = import_sources(lake, list(sources), run_id=run_id, fmt=fmt)
     click.echo(f"imported {report.episodes} episodes ({report.steps} steps) into {lake.root}")

@@ -61,6 +61,13 @@ One file per episode (``*.jsonl``), one JSON object per line:
 
 The episode's success is ``episode_end.success``, else the last step's
 ``success``/``done``-with-positive-reward. Unknown fields go to ``extra``.
+
+ATIF documents
+--------------
+Harbor's trajectory format (``halo_data.atif``): a ``.json`` file holding one
+document, or a ``.jsonl`` file of one document per line, recognised by its
+``"schema_version": "ATIF-..."``. Each document is one episode; one that is not
+valid ATIF is reported (``FILE:LINE:`` in JSONL) and the file's others still land.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ from halo_data.writer import EpisodeWriter, Screenshot
 log = logging.getLogger(__name__)
 
 FLUSH_EPISODES = 50
+IMPORT_FORMATS = ("auto", "agisdk", "jsonl", "atif")
 _AGISDK_DIR = re.compile(r"_on_(?P<task>.+)_(?P<seed>\d+)_[0-9a-f]{32}(?:_\d+)?$")
 _STEP_PICKLE = re.compile(r"^step_(\d+)\.pkl\.gz$")
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -130,8 +138,10 @@ def _record(where: str, record: type, **fields: Any) -> Any:
 # ---------------------------------------------------------------------- discovery
 def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[str, Path]]:
     """(format, path) of every episode source under ``paths``: agisdk folders and JSONL files, sorted."""
-    if fmt not in ("auto", "agisdk", "jsonl"):
-        raise LakeError(f"unknown import format {fmt!r}: use auto, agisdk or jsonl")
+    from halo_data.atif import sniff
+
+    if fmt not in IMPORT_FORMATS:
+        raise LakeError(f"unknown import format {fmt!r}: use {', '.join(IMPORT_FORMATS)}")
     found: list[tuple[str, Path]] = []
     for raw in paths:
         path = Path(raw)
@@ -140,13 +150,19 @@ def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[s
         if path.is_file():
             if fmt == "agisdk" or (fmt == "auto" and path.name == "summary_info.json"):
                 found.append(("agisdk", path.parent))
+            elif fmt == "atif" or (fmt == "auto" and (path.suffix == ".json" or sniff(path))):
+                found.append(("atif", path))
             else:
                 found.append(("jsonl", path))
             continue
         if fmt in ("auto", "agisdk"):
             found += [("agisdk", p.parent) for p in path.rglob("summary_info.json")]
+        atif: set[Path] = set()
+        if fmt in ("auto", "atif"):
+            atif = {p for pattern in ("*.json", "*.jsonl") for p in path.rglob(pattern) if sniff(p)}
+            found += [("atif", p) for p in atif]
         if fmt in ("auto", "jsonl"):
-            found += [("jsonl", p) for p in path.rglob("*.jsonl")]
+            found += [("jsonl", p) for p in path.rglob("*.jsonl") if p not in atif]
     unique = sorted(set(found), key=lambda fp: (str(fp[1]), fp[0]))
     if not unique:
         raise LakeError(
@@ -660,6 +676,11 @@ def _read(kind: str, path: Path, run_id: str | None) -> ImportedEpisode:
 
 def iter_episodes(sources: list[tuple[str, Path]], run_id: str | None, failures: list[str]) -> Iterator[ImportedEpisode]:
     for kind, path in sources:
+        if kind == "atif":  # a file may hold many documents, each landing or failing alone
+            from halo_data.atif import read_atif_source
+
+            yield from read_atif_source(path, run_id, failures)
+            continue
         try:
             yield _read(kind, path, run_id)
         except ImportFormatError as e:
