@@ -16,6 +16,7 @@ COMMANDS = {
     "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),
     "learning": ("bench.learning", "the pre-registered learning experiment (run, status, export; bench/protocols/)"),
     "serving": ("bench.serving", "HALO's chat server on constrained rollouts: cached scoring against the full one, steps/s"),
+    "ratios": ("bench.ratios", "first-update importance ratios of served rows: --engine server | hf | vllm"),
     "browser": ("bench.browser", "headless Chromium: Debian's full browser against its headless shell, CPU per launch and episode"),
     "suite-time": ("bench.suite_time", "the whole test suite's wall time (the README's command), with the load beside it"),
     "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),

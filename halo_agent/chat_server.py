@@ -22,12 +22,16 @@ request bodies, answers and errors: ``POST /v1/load_lora_adapter``
 adapter 'NAME' removed successfully.``, or 404 for a name not loaded. So one
 client (``halo_agent.serving.EngineClient``) drives either engine. Image parts are checked (base64 data URLs); a
 vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, e.g. ``halo-train make-tiny-model --vision``) sees them
-through its processor, as vLLM serves it, and a text model sees ``<image>`` where they stood.
+through its processor, as vLLM serves it; a text model's prompt is ``halo_data.prompts.text_messages`` (image parts
+dropped), the rendering the trainers score.
 
 A guided-choice request is answered with one of the choices, drawn as vLLM's structured output
-draws it: each decoding step masked to the tokens that continue an allowed choice, sampled from the
-renormalised distribution at the temperature (so only the places where the choices part decide;
-``--choice-draw sequence`` draws by whole-sequence probability instead). The prompt is prefilled once
+draws it: each decoding step masked to every token whose bytes keep the text a prefix of some choice (any
+tokenisation of it, not only the choice's own) and EOS once the text is a whole choice, sampled from the
+renormalised distribution at the temperature (``--choice-draw sequence`` draws by whole-sequence probability
+of each choice's own tokens instead). Other sampling fields of vLLM's (``top_k``, ``min_p``,
+``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_tokens``) are accepted at their
+neutral values only. The prompt is prefilled once
 per request, from where it parts from a recent prompt's KV cache (``--prompt-cache-size`` prompts are kept,
 as vLLM's automatic prefix caching), and the masked draw walks the choices token by token from that cache,
 running the model only where the drawn path parts from other choices; ``--score-mode full`` scores every
@@ -46,8 +50,8 @@ Token-exact answers, in vLLM's shapes:
 
 - ``logprobs: true`` (with ``top_logprobs: K``) gives ``choices[i].logprobs.content``: one entry per token of
   the completion (``token``, ``logprob``, ``bytes``, ``top_logprobs``), EOS included where generation stopped
-  on it. A guided choice's tokens are the choice's tokens, then EOS; its ``top_logprobs`` list the tokens the
-  mask allowed at each position. Logprobs below -9999 (top-p's cut tokens) are given as -9999.0, as vLLM does.
+  on it. A guided choice's tokens are those drawn (one tokenisation of the choice), then EOS; its
+  ``top_logprobs`` list the tokens the mask allowed at each position. Logprobs below -9999 (top-p's cut tokens) are given as -9999.0, as vLLM does.
 - ``return_tokens_as_token_ids: true`` (vLLM's request field) writes each ``token`` as ``"token_id:N"``;
   ``bytes`` stay those of the decoded token.
 - ``return_token_ids: true`` (vLLM) adds ``choices[i].token_ids`` (the same tokens) and ``prompt_token_ids``.
@@ -56,12 +60,13 @@ Token-exact answers, in vLLM's shapes:
   itself and the K most likely there, under the model's raw distribution (rank 1 = most likely).
 - Each logprob is that of the distribution the token was drawn from (``--logprobs-mode processed_logprobs``,
   the default, as vLLM's flag): plain sampling, the softmax at the temperature with top-p applied; a guided
-  choice under the mask, the token's share of the allowed tokens at the temperature where the choices part,
-  0.0 where a token is forced (a whole choice's logprobs sum to the log-probability it was drawn with);
+  choice under the mask, the token's share of the allowed tokens at the temperature where several are allowed,
+  0.0 where a token is forced (a path's logprobs sum to the log-probability it was drawn with);
   ``--choice-draw sequence``, the whole-sequence draw token by token (the weight of the choices through the
   token over that of those through its prefix). At temperature 0 (greedy) the same distributions at
   temperature 1. ``--logprobs-mode raw_logprobs`` reports the model's raw log-softmax instead (before
-  temperature, top-p and mask: what a trainer computes for the same tokens).
+  temperature and top-p), except under a guided choice's mask, which vLLM applies to the logits before its
+  sampler: there the masked distribution at temperature 1.
 - Each choice carries ``halo_logprobs_mode`` (``processed_logprobs`` or ``raw_logprobs``) and ``halo_draw``:
   ``masked_choice`` (a guided choice, masked token by token), ``sequence_choice`` (``--choice-draw sequence``),
   ``sample`` (plain sampling) or ``greedy`` (temperature 0, guided or not).
@@ -179,6 +184,24 @@ def _choices(body: Mapping[str, Any]) -> list[str] | None:
     return list(dict.fromkeys(choices))  # as in vLLM's grammar, a repeated choice is one choice
 
 
+# vLLM's sampling fields this server does not apply, each with the values that leave the distribution as it is
+# (vLLM's top_k: 0 or -1 for every token). A request may send them, as HALO's openai policy does to pin vLLM's
+# defaults; any other value is refused, never silently ignored: the logprobs answered would not be those of
+# the distribution the request asked for.
+NEUTRAL_FIELDS = {"top_k": (0, -1), "min_p": (0,), "repetition_penalty": (1,), "frequency_penalty": (0,),
+                  "presence_penalty": (0,), "min_tokens": (0,)}
+
+
+def _check_neutral(body: Mapping[str, Any]) -> None:
+    for key, neutral in NEUTRAL_FIELDS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in neutral:
+            raise RequestError(f"{key} must be {' or '.join(map(str, neutral))} here: this server samples from the "
+                               f"model's distribution at the temperature (and top_p) alone", param=key)
+
+
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = body.get(key, default)
     if value is None:
@@ -285,6 +308,7 @@ class ChatCompletionServer(LocalHTTPServer):
         n = int(_number(body, "n", 1, 1, MAX_N))
         temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
         top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
+        _check_neutral(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         max_tokens = int(_number({"max_tokens": max_tokens}, "max_tokens", 256, 1, self.max_tokens_limit))
         seed = body.get("seed")

@@ -199,6 +199,14 @@ def resolve_images(
     return out
 
 
+def text_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """The one rendering of a prompt for a text-only model, the same in HALO's chat server and in the trainers:
+    ``{"role", "content"}`` with image parts (``image_ref``, ``image_url``, ...) dropped, text parts joined by a
+    line break and no content as ``""``. A server that showed an image as a placeholder the trainer does not
+    see would sample from a prompt the trainer never scores."""
+    return [{"role": m.get("role", "user"), "content": m["content"] or ""} for m in text_only(list(messages))]
+
+
 def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages with image parts dropped and text parts joined (for text-only models)."""
     out = []
@@ -206,5 +214,5 @@ def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         content = m.get("content")
         if isinstance(content, list):
             content = "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m.get("role", "user"), "content": content})
     return out

@@ -119,15 +119,47 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
             f"--target-modules {', '.join(missing)} not found in {name}: choose among its linear layers, e.g. q_proj,v_proj"
         )
     if cfg.init_adapter:
-        return LoadedModel(_warm_start(model, cfg.init_adapter, cfg.lora_dropout), tokenizer, "peft")
-    model = get_peft_model(model, lora_config(cfg))
-    log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
+        model = _warm_start(model, cfg.init_adapter, scoring_dropout(cfg))
+    else:
+        model = get_peft_model(model, lora_config(cfg))
+        log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
+    if takes_ratios(cfg):
+        disable_dropout(model)
     return LoadedModel(model, tokenizer, "peft")
+
+
+def takes_ratios(cfg: TrainConfig) -> bool:
+    """Does the job weigh stored rows by an importance ratio against the logprobs they were sampled with (GRPO,
+    online GRPO, PPO)? Such a job scores with dropout off."""
+    return hasattr(cfg, "epsilon") or hasattr(cfg, "clip_range")
+
+
+def scoring_dropout(cfg: TrainConfig) -> float:
+    """The LoRA dropout the job's forwards apply: none for a job that takes ratios (its scores are compared with the
+    logprobs the engine stored, which no dropout shaped: with dropout on, a warm-started adapter's ratios start
+    at up to 1.2 instead of 1), else ``--lora-dropout``."""
+    if takes_ratios(cfg):
+        if cfg.lora_dropout > 0:
+            log.info("--lora-dropout %g not applied: %s scores importance ratios with dropout off", cfg.lora_dropout,
+                     type(cfg).__name__.removesuffix("Config"))
+        return 0.0
+    return cfg.lora_dropout
+
+
+def disable_dropout(model) -> None:
+    """Every dropout layer of ``model`` (LoRA's and the base model's) set to p = 0, in train mode too: the forward a
+    ratio is taken on is the deterministic one the engine computed (TRL's ``disable_dropout_in_model``)."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def _warm_start(model, adapter_dir: str, lora_dropout: float):
     """``model`` with the adapter in ``adapter_dir`` attached and trainable: its saved weights, rank and targets, and
-    this job's ``lora_dropout`` (dropout is how a job trains, not part of what the adapter computes)."""
+    this job's ``lora_dropout`` (dropout is how a job trains, not part of what the adapter computes; a job that
+    takes importance ratios passes 0, :func:`scoring_dropout`)."""
     from peft import PeftConfig, PeftModel
 
     path = str(Path(adapter_dir).expanduser())

@@ -5,18 +5,28 @@ A model-generated step stores the tokens the engine drew (``completion_token_ids
 and, for a guided choice, its ``choices``; see ``halo_data.schema``). A trainer's importance ratio is only
 1 before its first update if it scores the same tokens under the same distribution:
 
-    processed_logprobs + masked_choice   the allowed tokens' logits at the temperature, renormalised over the
-                                         tokens that continue a choice (vLLM's grammar mask); a token every
-                                         remaining choice shares is forced and has logprob 0
+    processed_logprobs + masked_choice   the logits at the temperature, renormalised over the tokens the
+                                         guided choice's mask allowed (vLLM's: every token whose bytes keep
+                                         the text a prefix of some choice, EOS once it is a whole choice;
+                                         ``halo_agent.policies.guided_choice.ChoiceMask``); a token that was
+                                         the only one allowed is forced and has logprob 0
     processed_logprobs + sample          log softmax(logits / temperature)
     processed_logprobs + greedy          the same at temperature 1 (a guided choice's still masked), as
                                          HALO's chat server reports a temperature-0 draw
-    raw_logprobs                         log softmax(logits): the model's raw distribution
+    raw_logprobs                         log softmax(logits): the model's raw distribution; for a guided
+                                         choice the masked distribution at temperature 1, since vLLM applies
+                                         the grammar's bitmask to the logits before its sampler computes them
     processed_logprobs + sequence_choice not rebuilt (each token's share of whole-sequence weights): the
                                          stored ids are scored on-policy, with no importance ratio
 
-``top_p`` is not rebuilt: a nucleus-truncated draw's processed logprobs are those of the truncated
-distribution, which its ratio here would not equal (the rollouts HALO trains on sample without top_p).
+No other sampling parameter shapes a stored distribution: HALO's engines are sent (or, for transformers'
+``generate``, given) neutral top_k, top_p, min_p and penalties on every request, whatever the model's
+generation config says, and its policies refuse a top_p below 1 where they store logprobs (a nucleus cut
+is not stored with the step, so no trainer could rebuild it).
+
+Where the engine and the trainer cannot agree to the last bit (bf16 kernels, another attention path on a
+GPU), :func:`truncated_importance_weight` measures the gap per token and gives the weight that corrects a
+loss for it (as verl does for the vLLM/FSDP gap); on CPU the two are the same computation and it is not used.
 
 A vision-language base model's GRPO batches are built from the text with its images (``halo_train.vlm``):
 there a token-exact row is trained on-policy, with no importance ratio.
@@ -58,8 +68,8 @@ def token_exact(row: Mapping[str, Any]) -> Behaviour | None:
         return None
     draw, temperature, choices = row.get("draw"), row.get("temperature"), row.get("choices") or None
     hot = temperature is not None and float(temperature) > 0
-    if row.get("logprobs_mode") != "processed_logprobs":  # raw_logprobs
-        scale, mask, known = 1.0, None, True
+    if row.get("logprobs_mode") != "processed_logprobs":  # raw_logprobs: vLLM masks the logits it computes them from
+        scale, mask, known = 1.0, (choices if draw in ("masked_choice", "greedy") else None), True
     elif draw == "sample":  # top_p is not rebuilt (see the module docstring)
         scale, mask, known = float(temperature) if hot else 1.0, None, True
     elif draw == "masked_choice":
@@ -82,24 +92,18 @@ def is_raw(behaviour: Behaviour) -> bool:
     return behaviour.logprobs is not None and behaviour.temperature == 1.0 and behaviour.choices is None
 
 
-def choice_token_ids(tokenizer, choices: Sequence[str]) -> list[list[int]]:
-    """Each choice as HALO's chat server tokenises it for a guided choice: its tokens, then EOS."""
-    eos = tokenizer.eos_token_id
-    return [list(tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
+def choice_mask(tokenizer, choices: Sequence[str]):
+    """The guided choice's mask as vLLM's grammar applies it (and HALO's chat server): a ``ChoiceMask``."""
+    from halo_agent.policies.guided_choice import ChoiceMask
+
+    return ChoiceMask(tokenizer, choices, tokenizer.eos_token_id)
 
 
-def allowed_tokens(completion: Sequence[int], choices: Sequence[Sequence[int]]) -> list[list[int]]:
-    """For each position of ``completion``, the tokens the grammar mask allowed there: the next token of every
-    choice that shares the completion's prefix so far (the drawn token first, always among them)."""
-    out = []
-    for j, token in enumerate(completion):
-        prefix = list(completion[:j])
-        allowed = [int(token)]
-        for c in choices:
-            if len(c) > j and list(c[:j]) == prefix and c[j] not in allowed:
-                allowed.append(int(c[j]))
-        out.append(allowed)
-    return out
+def allowed_tokens(tokenizer, completion: Sequence[int], choices: Sequence[str]) -> list[list[int]]:
+    """For each position of ``completion``, the tokens the guided choice's mask allowed there (the drawn token
+    first, always among them): every token whose bytes keep the text a prefix of some choice, EOS once the text
+    is a whole choice."""
+    return choice_mask(tokenizer, choices).allowed_along(completion)
 
 
 def processed_token_logps(logits, targets, temperature, allowed=None):
@@ -165,7 +169,7 @@ def stored_completion(tokenizer, row: Mapping[str, Any], text: str | None, max_t
     ids = behaviour.token_ids[:max_tokens]
     allowed = None
     if behaviour.choices is not None:
-        allowed = allowed_tokens(ids, choice_token_ids(tokenizer, behaviour.choices))
+        allowed = allowed_tokens(tokenizer, ids, behaviour.choices)
     return Completion(ids, behaviour, allowed)
 
 
@@ -182,3 +186,31 @@ def stored_completion_logprob(model, tokenizer, row: Mapping[str, Any], max_comp
     with torch.no_grad():
         token_logps, mask = behaviour_token_logps(model, batch)
     return float((token_logps * mask).sum())
+
+
+def truncated_importance_weight(trainer_logps, behaviour_logps, mask, cap: float = 2.0):
+    """Truncated importance sampling for an engine/trainer mismatch (verl's ``tis_imp_ratio_cap``; Yao et al.,
+    "Your efficient RL framework secretly brings you off-policy RL training", 2025): per token
+    min(pi_trainer(old) / pi_engine, ``cap``), detached, and the measured gap.
+
+    ``trainer_logps`` (B, T): the trainer's logprobs of the stored tokens under the weights that sampled them
+    (before any update; detached); ``behaviour_logps`` (B, T): the engine's stored ones; ``mask`` (B, T) 1 on
+    completion tokens. Returns ``(weight, stats)``: ``weight`` (B, T), 1 where the two agree, to multiply into the
+    per-token policy-gradient loss (whose own ratio is then taken against ``trainer_logps``); ``stats``: the mean
+    and max |log ratio| and the share of tokens the cap truncated, over masked tokens (what a step should store
+    as its engine/trainer mismatch). On CPU, where HALO's server and trainer compute the same, the weight is 1
+    to float rounding and the loss needs none of this.
+    """
+    import torch
+
+    log_ratio = (trainer_logps - behaviour_logps).detach()
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    weight = ratio.clamp(max=float(cap))
+    on = mask.bool()
+    gap = log_ratio.abs()[on]
+    stats = {
+        "engine_log_ratio_mean": float(gap.mean()) if gap.numel() else 0.0,
+        "engine_log_ratio_max": float(gap.max()) if gap.numel() else 0.0,
+        "engine_tis_truncated": float((ratio[on] > cap).float().mean()) if gap.numel() else 0.0,
+    }
+    return torch.where(on, weight, torch.ones_like(weight)), stats

@@ -98,7 +98,11 @@ def vllm_max_lora_rank(ranks: list[int]) -> int:
 def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
     """``vllm serve`` with LoRA on: the adapters preloaded, and room for ``runtime_loras`` more loaded at runtime;
     logprobs of the distribution each token was drawn from (``--logprobs-mode processed_logprobs``, what the
-    ``openai`` policy records for vLLM and HALO's chat server reports), unless ``extra_args`` say otherwise.
+    ``openai`` policy records for vLLM and HALO's chat server reports), and vLLM's own default sampling
+    parameters (``--generation-config vllm``), not those of the model's generation_config.json, which vLLM
+    otherwise applies to every request that does not name them (``auto``; Qwen2.5-Instruct's
+    repetition_penalty 1.05, top_k 20, top_p 0.8): unless ``extra_args`` say otherwise. The ``openai`` policy
+    also sends every sampling field at its neutral value (``openai_policy.NEUTRAL_SAMPLING``).
 
     The one place HALO builds vLLM's command line (``halo-train serve`` and ``online-grpo --serve``); it runs
     with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``engine_process``).
@@ -106,8 +110,9 @@ def vllm_command(spec: ServeSpec, executable: str = "vllm") -> list[str]:
     ranks = [adapter_rank(path) for path in spec.adapters.values()] + [int(r) for r in spec.runtime_ranks]
     command = [executable, "serve", spec.base_model, "--host", spec.host, "--port", str(spec.port), "--enable-lora",
                "--max-loras", str(len(spec.adapters) + spec.runtime_loras), "--max-lora-rank", str(vllm_max_lora_rank(ranks))]
-    if not any(a == "--logprobs-mode" or a.startswith("--logprobs-mode=") for a in spec.extra_args):
-        command += ["--logprobs-mode", "processed_logprobs"]
+    for flag, value in (("--logprobs-mode", "processed_logprobs"), ("--generation-config", "vllm")):
+        if not any(a == flag or a.startswith(flag + "=") for a in spec.extra_args):
+            command += [flag, value]
     if spec.adapters:
         command += ["--lora-modules", *(f"{name}={path}" for name, path in spec.adapters.items())]
     return command + list(spec.extra_args)

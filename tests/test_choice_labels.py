@@ -86,7 +86,7 @@ def _observation():
 def test_the_chat_server_scores_a_labelled_choice_with_its_label(served):
     from halo_agent.policies.openai_policy import OpenAIPolicy
     from halo_data import prompts
-    from halo_train.grpo import completion_logprobs
+    from halo_train.behaviour import stored_completion_logprob
 
     obs = _observation()
     policy = OpenAIPolicy(model="tiny", base_url=served.url, temperature=1.0, n=6, seed=4, constrain_actions=True, choice_labels=True)
@@ -99,10 +99,13 @@ def test_the_chat_server_scores_a_labelled_choice_with_its_label(served):
         assert sample.model_output in labelled and sample.parse_error is None
         assert sample.action == page_actions(obs.elements)[labelled.index(sample.model_output)]  # the canonical call runs
         # Scored with its label: the label's tokens, the action's, then EOS; what the trainer computes for the answer.
-        assert len(sample.logprobs) == len(tokenizer(sample.model_output, add_special_tokens=False)["input_ids"]) + 1
+        assert tokenizer.decode(sample.completion_token_ids, skip_special_tokens=True) == sample.model_output
+        assert len(sample.logprobs) == len(sample.completion_token_ids)
         assert len(sample.logprobs) > len(tokenizer(sample.action, add_special_tokens=False)["input_ids"]) + 1
-        expected = completion_logprobs(model, tokenizer, prompts.dumps(obs.messages), sample.model_output)
-        assert sample.logprob_sum == pytest.approx(expected, abs=1e-4)
+        row = {"prompt": prompts.dumps(obs.messages), "model_output": sample.model_output, "temperature": 1.0,
+               "completion_token_ids": sample.completion_token_ids, "logprobs": sample.logprobs,
+               "logprobs_mode": sample.logprobs_mode, "draw": sample.draw, "choices": sample.choices}
+        assert sample.logprob_sum == pytest.approx(stored_completion_logprob(model, tokenizer, row), abs=1e-4)
 
 
 def test_labels_without_constrained_decoding_are_refused(served):
@@ -115,10 +118,8 @@ def test_labels_without_constrained_decoding_are_refused(served):
 
 
 @pytest.mark.parametrize("n", [8, 2])
-def test_covering_the_choices_draws_the_action_then_forces_each_other_choice_most_likely_first(served, n):
+def test_covering_the_choices_draws_the_action_then_forces_each_other_choice_in_the_pages_order(served, n):
     from halo_agent.policies.openai_policy import OpenAIPolicy
-    from halo_data import prompts
-    from halo_train.grpo import completion_logprobs
 
     obs = _observation()
     labelled = page_actions(obs.elements, labels=True)
@@ -134,14 +135,16 @@ def test_covering_the_choices_draws_the_action_then_forces_each_other_choice_mos
     samples = policy.last_samples
     assert samples[0] is action and len(samples) == min(n, len(labelled))
     assert len({s.model_output for s in samples}) == len(samples) and {s.model_output for s in samples} <= set(labelled)
-    # Each forced choice carries the engine's log-probability of it, the trainer's too; the likeliest come first.
-    tokenizer, model = served.engine.tokenizer, served.engine.model
-    expected = {c: completion_logprobs(model, tokenizer, prompts.dumps(obs.messages), c) for c in labelled}
+    # Each forced choice carries the tokens the engine spelled it with and no logprobs: a one-choice mask's say
+    # nothing of the page's draw (under raw_logprobs too, as vLLM masks the logits it computes them from).
+    tokenizer = served.engine.tokenizer
+    assert action.logprob_sum is not None
+    for sample in samples[1:]:
+        assert sample.logprobs is None and sample.logprob_sum is None and sample.choices == labelled
+        assert tokenizer.decode(sample.completion_token_ids, skip_special_tokens=True) == sample.model_output
     for sample in samples:
-        assert sample.logprob_sum == pytest.approx(expected[sample.model_output], abs=1e-4)
         assert sample.action == page_actions(obs.elements)[labelled.index(sample.model_output)]
-    others = sorted((c for c in labelled if c != action.model_output), key=lambda c: -expected[c])
-    assert [s.model_output for s in samples[1:]] == others[: n - 1]
+    assert [s.model_output for s in samples[1:]] == [c for c in labelled if c != action.model_output][: n - 1]
     assert policy.config()["cover_choices"] is True
 
 

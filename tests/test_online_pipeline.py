@@ -184,7 +184,8 @@ def test_serve_starts_vllm_with_runtime_lora_waits_for_it_and_ends_its_process_g
     called = json.loads(record.read_text())
     port = called["argv"][called["argv"].index("--port") + 1]
     assert called["argv"] == ["serve", tiny, "--host", "127.0.0.1", "--port", port, "--enable-lora", "--max-loras", "2",
-                              "--max-lora-rank", "16", "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048"]
+                              "--max-lora-rank", "16", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+                              "--max-model-len", "2048"]
     assert called["runtime_lora"] == "True"
     assert called["pgid"] == called["pid"]  # its own process group, which the run ended
     with pytest.raises(ProcessLookupError):
@@ -207,7 +208,8 @@ def test_the_online_vllm_command_line(tmp_path):
     spec = vllm_spec(cfg, 8123)
     assert vllm_command(spec) == [
         "vllm", "serve", str(base), "--host", "127.0.0.1", "--port", "8123", "--enable-lora", "--max-loras", "2",
-        "--max-lora-rank", "32", "--logprobs-mode", "processed_logprobs", "--gpu-memory-utilization", "0.8",
+        "--max-lora-rank", "32", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+        "--gpu-memory-utilization", "0.8",
         "--max-model-len", "8192"]
     name, command, env = engine_process(spec)
     assert (name, command, env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]) == ("vllm", vllm_command(spec), "True")

@@ -423,35 +423,38 @@ def _post(server, body: dict) -> tuple[int, dict]:
 
 
 def test_guided_choice_answers_only_allowed_choices_with_the_draws_or_the_trainers_logprobs(server):
-    from halo_agent.policies.hf_policy import masked_choice_logprobs
     from halo_data import prompts
-    from halo_train.grpo import completion_logprobs
+    from halo_train.behaviour import stored_completion_logprob
 
     body = {"model": "tiny", "messages": TEXT_MESSAGES, "n": 12, "temperature": 2.0, "logprobs": True, "seed": 1,
-            "structured_outputs": {"choice": CHOICES}}
+            "return_token_ids": True, "structured_outputs": {"choice": CHOICES}}
     status, answer = _post(server, body)
     assert status == 200
     texts = [c["message"]["content"] for c in answer["choices"]]
     assert set(texts) <= set(CHOICES)
     engine = server.engine
-    prompt_ids, _ = engine.chat_prompt(TEXT_MESSAGES)
-    completions = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id] for c in CHOICES]
-    with torch.inference_mode(), engine.model.disable_adapter():  # "tiny" is the base model
-        drawn_with = masked_choice_logprobs(completions, engine._score(prompt_ids, completions), temperature=2.0)
-        expected = {c: completion_logprobs(engine.model, engine.tokenizer, prompts.dumps(TEXT_MESSAGES), c) for c in CHOICES}
+
+    def trainers(choice: dict, mode: str) -> float:
+        """What the trainer scores the answer's tokens at, under the distribution the row names (vLLM's mask)."""
+        row = {"prompt": prompts.dumps(TEXT_MESSAGES), "model_output": choice["message"]["content"], "temperature": 2.0,
+               "completion_token_ids": choice["token_ids"], "logprobs": [t["logprob"] for t in choice["logprobs"]["content"]],
+               "logprobs_mode": mode, "draw": "masked_choice", "choices": CHOICES}
+        with torch.inference_mode(), engine.model.disable_adapter():  # "tiny" is the base model
+            return stored_completion_logprob(engine.model, engine.tokenizer, row)
+
     for choice in answer["choices"]:
         content = choice["logprobs"]["content"]
         assert content[-1]["token"] == "<|im_end|>"  # the EOS is one of the choice's tokens, as the trainer scores it
-        # Processed (the default): a choice's logprobs sum to the log-probability the masked draw gave it.
-        assert sum(t["logprob"] for t in content) == pytest.approx(drawn_with[CHOICES.index(choice["message"]["content"])], abs=1e-4)
+        # Processed (the default): a path's logprobs sum to the log-probability the masked draw gave it.
+        assert sum(t["logprob"] for t in content) == pytest.approx(trainers(choice, "processed_logprobs"), abs=1e-4)
         assert choice["finish_reason"] == "stop"
         assert (choice["halo_logprobs_mode"], choice["halo_draw"]) == ("processed_logprobs", "masked_choice")
-    # Raw: the model's own distribution, what the trainer computes for the same completion.
+    # Raw: as vLLM computes them, from the masked logits at temperature 1; what the trainer rebuilds for them.
     engine.logprobs_mode = "raw_logprobs"
     try:
         for choice in _post(server, body)[1]["choices"]:
             content = choice["logprobs"]["content"]
-            assert sum(t["logprob"] for t in content) == pytest.approx(expected[choice["message"]["content"]], abs=1e-4)
+            assert sum(t["logprob"] for t in content) == pytest.approx(trainers(choice, "raw_logprobs"), abs=1e-4)
             assert choice["halo_logprobs_mode"] == "raw_logprobs"
     finally:
         engine.logprobs_mode = "processed_logprobs"
@@ -491,9 +494,30 @@ def test_masked_choice_draw_weighs_only_the_tokens_where_choices_part():
         [0.25, 0.25, 0.5], abs=1e-4)
 
 
-def test_the_server_draws_a_guided_choice_as_vllm_masks_it_not_by_sequence_probability(server, tiny_models):
-    from halo_agent.policies.hf_policy import masked_choice_logprobs
+def mask_choice_probabilities(engine, messages, choices) -> list[float]:
+    """Each choice's probability under vLLM's string-prefix mask at temperature 1, exactly: the mask's tree of
+    token paths explored until each path's text can only end as one choice."""
+    from halo_agent.policies.guided_choice import ChoiceMask
+    from halo_agent.policies.prefix_cache import ChoiceWalk, PromptCache
 
+    mask = ChoiceMask(engine.tokenizer, choices, engine.tokenizer.eos_token_id)
+    probs = [0.0] * len(choices)
+    with torch.inference_mode(), engine.model.disable_adapter():
+        walk = ChoiceWalk(engine.model, PromptCache(1).prefill(engine.model, engine.chat_prompt(messages)[0], None, "cpu"), mask)
+        paths = [((), 0.0)]
+        while paths:
+            prefix, logprob = paths.pop()
+            open_choices = [i for i, c in enumerate(choices) if c.encode().startswith(mask.text(prefix))]
+            if mask.finished(prefix) or len(open_choices) == 1:
+                probs[mask.choice_index(prefix) if mask.finished(prefix) else open_choices[0]] += math.exp(logprob)
+                continue
+            allowed = mask.allowed(prefix)
+            for token, value in zip(allowed, walk.logprobs(prefix)[allowed].log_softmax(-1).tolist()):
+                paths.append((prefix + (token,), logprob + value))
+    return probs
+
+
+def test_the_server_draws_a_guided_choice_as_vllm_masks_it_not_by_sequence_probability(server, tiny_models):
     # The base model answers click('12'): its digit 2 is likely, the words after it that only one choice carries
     # are not. Masked step by step (vLLM), those forced words weigh nothing; by sequence they sink the choice.
     choices = ["click('12') # then a long comment the model never saw", "click('14')"]
@@ -507,7 +531,8 @@ def test_the_server_draws_a_guided_choice_as_vllm_masks_it_not_by_sequence_proba
     completions = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id] for c in choices]
     with torch.inference_mode(), engine.model.disable_adapter():
         raw = engine._score(prompt_ids, completions)
-    masked = [math.exp(x) for x in masked_choice_logprobs(completions, raw)]
+    masked = mask_choice_probabilities(engine, TEXT_MESSAGES, choices)
+    assert sum(masked) == pytest.approx(1.0)
     by_sequence = torch.softmax(torch.tensor([sum(r) for r in raw]), 0).tolist()
     assert masked[0] > 0.8 and by_sequence[0] < 0.01  # the two draws disagree here
     assert drawn.count(choices[0]) / len(drawn) == pytest.approx(masked[0], abs=0.08)

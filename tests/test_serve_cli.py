@@ -37,7 +37,7 @@ def test_the_vllm_command_line_enables_runtime_lora_with_room_for_a_swap(tmp_pat
     assert result.exit_code == 0, result.output
     assert result.output == (
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-0.5B-Instruct --host 0.0.0.0 --port 8100 "
-        f"--enable-lora --max-loras 3 --max-lora-rank 32 --logprobs-mode processed_logprobs --lora-modules bc={a} dpo={b} "
+        f"--enable-lora --max-loras 3 --max-lora-rank 32 --logprobs-mode processed_logprobs --generation-config vllm --lora-modules bc={a} dpo={b} "
         "--max-model-len 4096 --gpu-memory-utilization 0.8\n"
     )
     spec = serve.ServeSpec("base", {}, engine="vllm")

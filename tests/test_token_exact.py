@@ -59,9 +59,10 @@ def test_token_id_strings_parse_and_token_text_gives_no_ids():
 # ------------------------------------------------------------------------------------- the trainer's math
 
 
-def test_the_masked_token_logprobs_are_the_servers_masked_draw():
+def test_the_trainers_masked_logprobs_are_the_masked_draws_over_the_allowed_tokens():
+    from halo_agent.policies.guided_choice import allowed_tokens
     from halo_agent.policies.hf_policy import masked_choice_logprobs
-    from halo_train.behaviour import allowed_tokens, pad_allowed, processed_token_logps
+    from halo_train.behaviour import pad_allowed, processed_token_logps
 
     torch.manual_seed(0)
     choices = [[4, 7, 1, 0], [4, 7, 2, 0], [4, 3, 0], [5, 0]]  # shared prefixes, then where they part
@@ -72,7 +73,8 @@ def test_the_masked_token_logprobs_are_the_servers_masked_draw():
     per_token = [[float(raw[i, j, t]) for j, t in enumerate(c)] for i, c in enumerate(choices)]
     expected = masked_choice_logprobs(choices, per_token, TEMPERATURE)
     targets = torch.tensor([c + [0] * (4 - len(c)) for c in choices])
-    allowed = pad_allowed([allowed_tokens(c, choices) for c in choices], 4)
+    trie = allowed_tokens(choices)  # where these token-level choices part, each prefix's next tokens
+    allowed = pad_allowed([[[t] + [x for x in trie[tuple(c[:j])] if x != t] for j, t in enumerate(c)] for c in choices], 4)
     got = processed_token_logps(logits, targets, torch.full((4,), TEMPERATURE), allowed)
     for i, c in enumerate(choices):
         assert float(got[i, : len(c)].sum()) == pytest.approx(expected[i], abs=1e-5)

@@ -3,6 +3,7 @@ each, of the distribution each token was drawn from (``processed_logprobs``) or 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import urllib.request
@@ -12,8 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from halo_agent.chat_server import ChatCompletionServer  # noqa: E402
-from halo_agent.policies.guided_choice import (masked_choice_logprobs, masked_token_logprobs,  # noqa: E402
-                                               sequence_token_logprobs)
+from halo_agent.policies.guided_choice import ChoiceMask, sequence_token_logprobs  # noqa: E402
 from halo_agent.policies.hf_policy import LocalChatModel  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Click the Submit button.\n[12] button 'Submit'\n[13] link 'Tab #2'"}]
@@ -62,48 +62,67 @@ def tempered_logprobs(engine, prompt_ids: list[int], completion: list[int], temp
     return [float(logprobs[j, t]) for j, t in enumerate(completion)]
 
 
+def masked_path_logprobs(engine, path: list[int], choices, temperature: float, messages=MESSAGES) -> list[float]:
+    """Each token of a guided choice's path under vLLM's mask, from one forward over prompt and path: the logits at
+    the temperature renormalised over the tokens the mask allowed there (0.0 where one was allowed)."""
+    prompt_ids = engine.chat_prompt(messages)[0]
+    mask = ChoiceMask(engine.tokenizer, choices, engine.tokenizer.eos_token_id)
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([prompt_ids + list(path)])).logits[0, len(prompt_ids) - 1:-1].float()
+    out = []
+    for j, token in enumerate(path):
+        allowed = mask.allowed(path[:j])
+        out.append(0.0 if len(allowed) == 1 else float((logits[j, allowed] / temperature).log_softmax(-1)[allowed.index(token)]))
+    return out
+
+
 def test_a_guided_choice_answers_its_tokens_with_the_masked_draws_logprobs(server, engine):
     answer = post(server, n=8, temperature=0.7, seed=3, logprobs=True, top_logprobs=3, return_tokens_as_token_ids=True,
                   return_token_ids=True, structured_outputs={"choice": CHOICES})
-    completions, raw = raw_choice_logprobs(engine, CHOICES)
-    per_token = masked_token_logprobs(completions, raw, 0.7)
-    drawn_with = masked_choice_logprobs(completions, raw, 0.7)
     for choice in answer["choices"]:
-        i = CHOICES.index(choice["message"]["content"])
         ids = token_ids(choice)
-        assert ids == completions[i] == choice["token_ids"]  # the choice's tokens, then EOS
-        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+        assert ids == choice["token_ids"] and ids[-1] == engine.tokenizer.eos_token_id  # the tokens drawn, then EOS
+        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"] in CHOICES
         logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
         assert len(logprobs) == len(ids)
-        assert logprobs == pytest.approx(per_token[i], abs=1e-5)
-        assert sum(logprobs) == pytest.approx(drawn_with[i], abs=1e-5)
+        assert logprobs == pytest.approx(masked_path_logprobs(engine, ids, CHOICES, 0.7), abs=1e-5)
         assert (choice["halo_logprobs_mode"], choice["halo_draw"]) == ("processed_logprobs", "masked_choice")
-        # After "# 'Tab #2'\nclick('13')" the mask allows EOS or " twice": the top logprobs list those two only.
-        for entry in choice["logprobs"]["content"]:
+        for entry in choice["logprobs"]["content"]:  # the allowed tokens, most likely first
             assert 1 <= len(entry["top_logprobs"]) <= 3
             assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][-1]["logprob"]
     assert answer["prompt_token_ids"] == engine.chat_prompt(MESSAGES)[0]
-    # A forced choice is certain under the mask: every token 0.
-    forced = post(server, temperature=1.0, logprobs=True, structured_outputs={"choice": CHOICES[:1]})["choices"][0]
-    assert [t["logprob"] for t in forced["logprobs"]["content"]] == [0.0] * len(completions[0])
-    # Greedy: the masked distribution at temperature 1.
-    greedy = post(server, temperature=0, logprobs=True, structured_outputs={"choice": CHOICES})["choices"][0]
-    i = CHOICES.index(greedy["message"]["content"])
+    # One choice alone is not forced token by token: the mask still allows each way of spelling it (a token that
+    # is the only one allowed, EOS at the end among them, is 0.0).
+    forced = post(server, temperature=1.0, logprobs=True, return_token_ids=True, structured_outputs={"choice": CHOICES[:1]})
+    alone = forced["choices"][0]
+    assert alone["message"]["content"] == CHOICES[0] and alone["logprobs"]["content"][-1]["logprob"] == 0.0
+    assert [t["logprob"] for t in alone["logprobs"]["content"]] == pytest.approx(
+        masked_path_logprobs(engine, alone["token_ids"], CHOICES[:1], 1.0), abs=1e-5)
+    # Greedy: the most likely allowed token at each step, the masked distribution at temperature 1 reported.
+    greedy = post(server, temperature=0, logprobs=True, top_logprobs=20, return_token_ids=True,
+                  structured_outputs={"choice": CHOICES})["choices"][0]
     assert greedy["halo_draw"] == "greedy"
-    assert [t["logprob"] for t in greedy["logprobs"]["content"]] == pytest.approx(masked_token_logprobs(completions, raw)[i], abs=1e-5)
+    reported = [t["logprob"] for t in greedy["logprobs"]["content"]]
+    assert reported == pytest.approx(masked_path_logprobs(engine, greedy["token_ids"], CHOICES, 1.0), abs=1e-5)
+    assert all(t["logprob"] >= max(o["logprob"] for o in t["top_logprobs"]) - 1e-6 for t in greedy["logprobs"]["content"])
 
 
-def test_raw_logprobs_are_the_models_own_and_the_sequence_draw_is_written_token_by_token(tiny_lora_models, engine):
+def test_raw_logprobs_are_vllms_under_the_mask_and_the_sequence_draw_is_written_token_by_token(tiny_lora_models, engine):
     base, _ = tiny_lora_models
     completions, raw = raw_choice_logprobs(engine, CHOICES)
-    for mode, draw, expected in [("raw_logprobs", "token", raw), ("processed_logprobs", "sequence",
-                                                                    sequence_token_logprobs(completions, raw, 1.5))]:
-        other = LocalChatModel(base, device="cpu", logprobs_mode=mode, choice_draw=draw)
+    # raw_logprobs under a guided choice: vLLM masks the logits before its sampler computes them, so the masked
+    # distribution at temperature 1 (not at the request's 1.5).
+    masked = LocalChatModel(base, device="cpu", logprobs_mode="raw_logprobs")
+    for g in masked.choose(MESSAGES, CHOICES, n=6, temperature=1.5, seed=1).generations:
+        assert g.logprobs == pytest.approx(masked_path_logprobs(engine, g.token_ids, CHOICES, 1.0), abs=1e-5)
+        assert (g.logprobs_mode, g.draw) == ("raw_logprobs", "masked_choice")
+    for mode, expected in [("raw_logprobs", raw), ("processed_logprobs", sequence_token_logprobs(completions, raw, 1.5))]:
+        other = LocalChatModel(base, device="cpu", logprobs_mode=mode, choice_draw="sequence")
         batch = other.choose(MESSAGES, CHOICES, n=6, temperature=1.5, seed=1)
         for g in batch.generations:
             i = CHOICES.index(g.text)
             assert g.token_ids == completions[i] and g.logprobs == pytest.approx(expected[i], abs=1e-5)
-            assert (g.logprobs_mode, g.draw) == (mode, "masked_choice" if draw == "token" else "sequence_choice")
+            assert (g.logprobs_mode, g.draw) == (mode, "sequence_choice")
     # Token by token, the whole-sequence draw is its softmax over the choices' sequence scores.
     by_sequence = torch.tensor([sum(r) / 1.5 for r in raw], dtype=torch.float64).log_softmax(0).tolist()
     assert [sum(row) for row in sequence_token_logprobs(completions, raw, 1.5)] == pytest.approx(by_sequence, abs=1e-9)
@@ -151,11 +170,10 @@ def test_prompt_logprobs_follow_vllm(server, engine):
     assert "prompt_logprobs" not in post(server, temperature=0, max_tokens=1)
 
 
-def test_the_cached_walk_answers_as_scoring_every_choice_after_the_whole_prompt(tiny_lora_models, engine):
+def test_the_cached_walk_answers_as_a_fresh_prefill_of_the_whole_prompt(tiny_lora_models, engine):
     base, adapters = tiny_lora_models
     full = LocalChatModel(base, device="cpu", score_mode="full")
     completions, raw = raw_choice_logprobs(engine, CHOICES)
-    masked = [math.exp(x) for x in masked_choice_logprobs(completions, raw, 1.0)]
     for mode in ("processed_logprobs", "raw_logprobs"):
         engine.logprobs_mode = full.logprobs_mode = mode
         try:
@@ -163,17 +181,16 @@ def test_the_cached_walk_answers_as_scoring_every_choice_after_the_whole_prompt(
             full_batch = full.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=2, top_logprobs=5)
         finally:
             engine.logprobs_mode = full.logprobs_mode = "processed_logprobs"
-        by_choice = {g.text: g for g in full_batch.generations}
-        for g in cached_batch.generations:
-            if g.text in by_choice:  # the same choice drawn by both: the same tokens, logprobs and allowed tokens
-                other = by_choice[g.text]
-                assert g.token_ids == other.token_ids and g.logprobs == pytest.approx(other.logprobs, abs=1e-5)
-                assert [[t for t, _ in row] for row in g.top_logprobs] == [[t for t, _ in row] for row in other.top_logprobs]
-    assert engine.choose(MESSAGES, CHOICES, temperature=0).generations[0].text == full.choose(MESSAGES, CHOICES, temperature=0).generations[0].text
-    # The same distribution over the choices: 400 draws of the walk against the masked probabilities.
-    drawn = [g.text for seed in range(25) for g in engine.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=seed).generations]
-    for choice, p in zip(CHOICES, masked):
-        assert drawn.count(choice) / len(drawn) == pytest.approx(p, abs=0.07)
+        for g, other in zip(cached_batch.generations, full_batch.generations):  # the same draws, logprobs, allowed tokens
+            assert g.token_ids == other.token_ids and g.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+            assert [[t for t, _ in row] for row in g.top_logprobs] == [[t for t, _ in row] for row in other.top_logprobs]
+    assert engine.choose(MESSAGES, CHOICES, temperature=0).generations[0].token_ids == full.choose(MESSAGES, CHOICES, temperature=0).generations[0].token_ids
+    # The walk draws each path with the probability its logprobs say: 400 draws against the likeliest path's.
+    drawn = [g for seed in range(25) for g in engine.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=seed).generations]
+    paths = collections.Counter(tuple(g.token_ids) for g in drawn)
+    top, count = paths.most_common(1)[0]
+    logprob = math.fsum(next(g.logprobs for g in drawn if tuple(g.token_ids) == top))
+    assert count / len(drawn) == pytest.approx(math.exp(logprob), abs=0.07)
     # The whole-sequence draw scores every choice from the cache as the full scoring does.
     sequence = LocalChatModel(base, device="cpu", choice_draw="sequence")
     answer = sequence.choose(MESSAGES, CHOICES, n=4, temperature=1.0, seed=0, top_logprobs=2)
@@ -195,19 +212,16 @@ def test_a_prompt_sharing_a_prefix_with_a_recent_one_is_prefilled_from_where_the
     prompt_ids = engine.chat_prompt(later)[0]
     assert 0 < cache.tokens_reused and cache.tokens_prefilled - prefilled < len(prompt_ids)
     fresh = LocalChatModel(base, device="cpu", score_mode="full").choose(later, CHOICES, n=8, temperature=1.0, seed=3)
-    raw_by_choice = {g.text: g.logprobs for g in fresh.generations}
-    for g in reused.generations:
-        if g.text in raw_by_choice:
-            assert g.logprobs == pytest.approx(raw_by_choice[g.text], abs=1e-5)
+    for g, other in zip(reused.generations, fresh.generations):
+        assert g.token_ids == other.token_ids and g.logprobs == pytest.approx(other.logprobs, abs=1e-5)
     # An adapter loaded under a name changes what the name serves: the caches are dropped.
     engine.load_adapter("policy-1", adapters["policy-1"])
     assert len(engine.prompt_cache) == 0
     with_adapter = engine.choose(MESSAGES, CHOICES, n=4, temperature=1.0, seed=0, adapter="policy-1")
     reference = LocalChatModel(base, adapters={"policy-1": adapters["policy-1"]}, device="cpu", score_mode="full")
-    expected = {g.text: g.logprobs for g in reference.choose(MESSAGES, CHOICES, n=16, temperature=1.0, seed=0, adapter="policy-1").generations}
-    for g in with_adapter.generations:
-        if g.text in expected:
-            assert g.logprobs == pytest.approx(expected[g.text], abs=1e-5)
+    expected = reference.choose(MESSAGES, CHOICES, n=4, temperature=1.0, seed=0, adapter="policy-1").generations
+    for g, other in zip(with_adapter.generations, expected):
+        assert g.token_ids == other.token_ids and g.logprobs == pytest.approx(other.logprobs, abs=1e-5)
 
 
 def test_metrics_count_requests_and_the_prompt_tokens_the_cache_spared(server, engine):

@@ -104,3 +104,134 @@ def sequence_token_logprobs(completions: Sequence[Sequence[int]], token_logprobs
             through.setdefault(tuple(tokens[:j]), []).append(score)
     mass = {prefix: log_normaliser(values, 1.0) for prefix, values in through.items()}
     return [[mass[tuple(tokens[:j + 1])] - mass[tuple(tokens[:j])] for j in range(len(tokens))] for tokens in completions]
+
+
+# ------------------------------------------------------------------------------------ vLLM's string-prefix mask
+
+def token_bytes(tokenizer) -> list[bytes]:
+    """Each token id's bytes, as a grammar backend reads the vocabulary (xgrammar's ``TokenizerInfo``): a byte-level
+    BPE token's bytes through GPT-2's byte alphabet, a byte-fallback token ``<0x0A>`` its byte, a SentencePiece
+    piece with ``▁`` as a space; special tokens (EOS among them) are ``b""``, never part of a choice's text.
+    Computed once per tokenizer object."""
+    cached = getattr(tokenizer, "_halo_token_bytes", None)
+    if cached is not None:
+        return cached
+    size = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special |= {i for i, t in added.items() if getattr(t, "special", False)}
+    decoder = _decoder_kind(tokenizer)
+    alphabet = {c: b for b, c in _byte_alphabet().items()}
+    out: list[bytes] = []
+    for i, piece in enumerate(pieces):
+        if i in special or piece is None:
+            out.append(b"")
+        elif i in added:  # an added (non-special) token: its text as written
+            out.append(str(piece).encode("utf-8"))
+        elif decoder == "byte_level" and all(c in alphabet for c in piece):
+            out.append(bytes(alphabet[c] for c in piece))
+        elif decoder == "byte_fallback" and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            out.append(bytes([int(piece[3:5], 16)]))
+        elif decoder in ("byte_fallback", "metaspace"):
+            out.append(piece.replace("\u2581", " ").encode("utf-8"))
+        else:
+            out.append(tokenizer.decode([i]).encode("utf-8"))
+    try:
+        tokenizer._halo_token_bytes = out
+    except AttributeError:  # a tokenizer that takes no new attributes: computed again next time
+        pass
+    return out
+
+
+def _decoder_kind(tokenizer) -> str:
+    """How the tokenizer's pieces map to text: byte_level (GPT-2, Qwen, Llama 3), byte_fallback (Llama 2,
+    Mistral), metaspace (SentencePiece without byte fallback), or other."""
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return "other"
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
+    if "ByteLevel" in kinds:
+        return "byte_level"
+    if "ByteFallback" in kinds:
+        return "byte_fallback"
+    return "metaspace" if "Metaspace" in kinds or "Replace" in kinds else "other"
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's map of each byte to the printable character byte-level BPE writes it as."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+class ChoiceMask:
+    """vLLM's guided choice as its grammar backends mask decoding: at each step every token whose bytes keep the
+    text generated so far a prefix of some choice is allowed (not only each choice's own tokenisation), and
+    ``eos`` once the text is a whole choice; generation ends on ``eos``. ``allowed`` lists token ids ascending
+    (greedy takes the first of equals, as an argmax over the masked logits does)."""
+
+    def __init__(self, tokenizer, choices: Sequence[str], eos: int) -> None:
+        self.choices = list(choices)
+        self.eos = int(eos)
+        self.bytes = token_bytes(tokenizer)
+        self._texts = {c.encode("utf-8"): i for i, c in enumerate(self.choices)}
+        by_bytes = getattr(tokenizer, "_halo_ids_by_bytes", None)
+        if by_bytes is None:
+            by_bytes = {}
+            for i, b in enumerate(self.bytes):
+                if b:
+                    by_bytes.setdefault(b, []).append(i)
+            try:
+                tokenizer._halo_ids_by_bytes = by_bytes
+            except AttributeError:
+                pass
+        self._by_bytes = by_bytes
+        self._longest = max(map(len, by_bytes), default=1)
+        self._memo: dict[bytes, list[int]] = {}
+
+    def text(self, prefix: Sequence[int]) -> bytes:
+        return b"".join(self.bytes[t] for t in prefix if t != self.eos)
+
+    def allowed_after_text(self, text: bytes) -> list[int]:
+        if text not in self._memo:
+            ids: set[int] = set()
+            for choice in self._texts:
+                if choice.startswith(text):
+                    rest = choice[len(text):]
+                    for k in range(1, min(len(rest), self._longest) + 1):
+                        ids.update(self._by_bytes.get(rest[:k], ()))
+            if text in self._texts:
+                ids.add(self.eos)
+            self._memo[text] = sorted(ids)
+        return self._memo[text]
+
+    def allowed(self, prefix: Sequence[int]) -> list[int]:
+        """The tokens allowed after ``prefix`` (token ids generated so far); none after ``eos``."""
+        if prefix and prefix[-1] == self.eos:
+            return []
+        return self.allowed_after_text(self.text(prefix))
+
+    def finished(self, prefix: Sequence[int]) -> bool:
+        return bool(prefix) and prefix[-1] == self.eos
+
+    def choice_index(self, prefix: Sequence[int]) -> int | None:
+        """The choice a finished ``prefix`` spells, or None."""
+        return self._texts.get(self.text(prefix)) if self.finished(prefix) else None
+
+    def allowed_along(self, completion: Sequence[int]) -> list[list[int]]:
+        """For each position of ``completion``: the tokens allowed there, the completion's own first."""
+        out = []
+        for j, token in enumerate(completion):
+            allowed = self.allowed(completion[:j])
+            out.append([int(token)] + [t for t in allowed if t != token])
+        return out

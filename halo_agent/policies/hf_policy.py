@@ -31,16 +31,24 @@ from typing import Any, Mapping, Sequence
 
 from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
-from halo_agent.policies.guided_choice import (greedy_masked_choice, masked_choice_logprobs, masked_token_logprobs,
-                                               sequence_token_logprobs)
+from halo_agent.policies.guided_choice import (ChoiceMask, greedy_masked_choice, masked_choice_logprobs,  # noqa: F401
+                                               masked_token_logprobs, sequence_token_logprobs)
 from halo_agent.policies.prefix_cache import ChoiceWalk, Prefilled, PromptCache, score_choices
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
 
-# Where a chat turn shows an image to a text-only model.
-IMAGE_PLACEHOLDER = "<image>"
-
+# Every parameter of transformers' sampler that shapes the distribution a token is drawn from, at its neutral
+# value: passed to every ``generate``, so a model folder's generation_config.json (Qwen2.5-Instruct's
+# repetition_penalty 1.05, top_k 20, top_p 0.8) never reaches the draw nor the logprobs stored with it. Only the
+# temperature (and the top_p a request sends) shape it, as the step stores them and the trainer rebuilds them.
+NEUTRAL_SAMPLING = dict(top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                        repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+                        min_length=0, min_new_tokens=None, bad_words_ids=None, suppress_tokens=None,
+                        begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
+                        sequence_bias=None, exponential_decay_length_penalty=None, renormalize_logits=False,
+                        guidance_scale=None, watermarking_config=None, num_beams=1, length_penalty=1.0,
+                        top_h=None, penalty_alpha=None, dola_layers=None, force_words_ids=None, low_memory=None)
 
 class ModelLoadError(RuntimeError):
     """The model or adapter folder cannot be loaded; the message says what to do."""
@@ -86,31 +94,15 @@ class GenerationBatch:
     prompt_token_ids: list[int] | None = None
 
 
-def flatten_content(content: Any) -> tuple[str, int]:
-    """Chat content (a string or OpenAI content parts) as text for a text-only model; returns (text, n_images)."""
-    if content is None:
-        return "", 0
-    if isinstance(content, str):
-        return content, 0
-    texts, n_images = [], 0
-    for part in content:
-        kind = part.get("type")
-        if kind == "text":
-            texts.append(part.get("text", ""))
-        elif kind in ("image_url", "image_ref", "image", "input_image"):
-            texts.append(IMAGE_PLACEHOLDER)
-            n_images += 1
-    return "\n".join(texts), n_images
-
-
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
-    """Token ids of ``messages`` under the tokenizer's chat template, assistant turn opened; and the image count."""
-    flat, n_images = [], 0
-    for m in messages:
-        text, k = flatten_content(m.get("content"))
-        n_images += k
-        flat.append({"role": m.get("role", "user"), "content": text})
-    ids = tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    """Token ids of ``messages`` under the tokenizer's chat template, assistant turn opened; and the image count.
+    A text-only model's prompt is ``prompts.text_messages`` (image parts dropped), the trainers' rendering."""
+    from halo_data.prompts import text_messages
+
+    n_images = sum(1 for m in messages if isinstance(m.get("content"), list)
+                   for part in m["content"] if isinstance(part, Mapping) and part.get("type") != "text")
+    ids = tokenizer.apply_chat_template(text_messages(list(messages)), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
     if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
         ids = ids["input_ids"]
     return list(ids), n_images
@@ -195,6 +187,13 @@ class LocalChatModel:
         self.model = model.to(self.device).eval()
         self._lock = threading.Lock()
         self.eos_token_ids = self._eos_ids()
+        # The folder's generation config is kept for the record and never applied: generate() starts from a blank
+        # one (its stop tokens only) and passes NEUTRAL_SAMPLING, so no default of the model shapes a draw.
+        self.model_generation_config = model.generation_config
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig(eos_token_id=self.eos_token_ids or None, pad_token_id=self._pad_id(),
+                                                   bos_token_id=self.model_generation_config.bos_token_id)
         for name, path in (adapters or {}).items():
             self.load_adapter(name, path)
 
@@ -300,10 +299,13 @@ class LocalChatModel:
             pad_token_id=self._pad_id(),
             eos_token_id=self.eos_token_ids or None,
         )
+        kwargs.update(NEUTRAL_SAMPLING)
         if do_sample:
-            kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+            kwargs.update(temperature=float(temperature), top_p=float(top_p))
+        else:  # greedy: the sampler's warpers do not run (and transformers warns where they are set)
+            for key in ("top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"):
+                kwargs.pop(key)
+            kwargs.update(temperature=None)
         with self._lock:
             self._check_adapter(adapter)
             if seed is not None:
@@ -389,25 +391,24 @@ class LocalChatModel:
     ) -> GenerationBatch:
         """Sample ``n`` of ``choices`` as vLLM's guided choice does (``choice_draw="token"``, the default).
 
-        vLLM's structured output masks each decoding step to the tokens that continue some allowed choice and
-        samples from the renormalised distribution at the temperature: a token every remaining choice shares is
-        forced and weighs nothing, and the draw is decided where the choices part (:func:`masked_choice_logprobs`;
-        temperature 0 takes the most likely token at each such place, :func:`greedy_masked_choice`).
-        ``choice_draw="sequence"`` draws a choice in proportion to exp(log p / temperature) of its whole sequence
-        instead (temperature 0: the most likely sequence), as this server did before; there, tokens that only
-        some choices carry (a line break, a format word) weigh as much as the ones that tell choices apart.
+        vLLM's grammar backends (xgrammar, guidance, outlines) mask each decoding step to every token whose bytes
+        keep the text generated so far a prefix of some choice, whichever way that splits the text into tokens,
+        and EOS once the text is a whole choice (:class:`ChoiceMask`); the sampler draws from the renormalised
+        distribution at the temperature (temperature 0: the most likely allowed token). A token that is the only
+        one allowed is forced and weighs nothing. ``choice_draw="sequence"`` draws a choice in proportion to
+        exp(log p / temperature) of its own tokenisation's whole sequence instead (temperature 0: the most likely).
 
-        A choice's tokens are its text's tokens, then EOS, after the prompt (what the trainer scores). Each
-        generation carries one logprob per token: under ``processed_logprobs`` the token's probability in the
-        draw (:func:`masked_token_logprobs` or :func:`sequence_token_logprobs`; at temperature 0 those at
-        temperature 1), under ``raw_logprobs`` the model's raw distribution. ``top_logprobs`` lists the tokens
-        allowed at each position, most likely first.
+        The generation's tokens are those drawn, EOS last; its text is the choice they spell. Each token carries
+        the logprob vLLM reports for it: the mask is applied to the logits before the sampler, so under
+        ``processed_logprobs`` the token's share of the allowed tokens at the temperature (at temperature 0, at
+        temperature 1), under ``raw_logprobs`` its share at temperature 1; a forced token 0.0 in both.
+        ``top_logprobs`` lists the tokens allowed at each position, most likely first. (The whole-sequence draw
+        reports :func:`sequence_token_logprobs`, or the model's raw log-softmax under ``raw_logprobs``.)
 
         ``score_mode="cached"`` (the default) prefills the prompt once, reusing the longest prefix it shares with
-        a recent prompt (:class:`PromptCache`), and the masked draw walks the choices token by token from that
-        cache, computing the model's distribution only where the drawn path parts from other choices
-        (:class:`ChoiceWalk`): the same distribution over choices, at the cost of one path, not every choice.
-        ``score_mode="full"`` scores every choice after the whole prompt, each request afresh.
+        a recent prompt (:class:`PromptCache`), and the masked draw walks from that cache, running the model only
+        where more than one token is allowed (:class:`ChoiceWalk`). ``score_mode="full"`` prefills the whole prompt
+        afresh for each request (same draw).
         """
         answer = self.choose_many([ChoiceRequest(messages, choices, n, temperature, seed, adapter, top_logprobs)])[0]
         if isinstance(answer, Exception):
@@ -461,39 +462,41 @@ class LocalChatModel:
         choices, n, temperature, seed, adapter, top_logprobs = (request.choices, request.n, request.temperature, request.seed,
                                                                 request.adapter, request.top_logprobs)
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
-        completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
         reported_temperature = float(temperature) if temperature > 0 else 1.0
         cached = self.score_mode == "cached" and self.processor is None
         self._check_adapter(adapter)
-        with torch.inference_mode(), self._adapter_context(adapter):
-            if cached and root is None:
-                root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
-            if cached and self.choice_draw == "token":
-                walk = ChoiceWalk(self.model, root, completions)
+        if self.choice_draw == "token":
+            mask = ChoiceMask(self.tokenizer, choices, eos)
+            with torch.inference_mode(), self._adapter_context(adapter):
+                if root is None:  # full: the whole prompt afresh, nothing kept
+                    root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device)
+                walk = ChoiceWalk(self.model, root, mask)
                 if temperature > 0:
                     picks = [walk.draw(float(temperature), generator) for _ in range(int(n))]
                 else:
                     picks = [walk.draw(0.0)] * int(n)
-                along = {i: walk.token_logprobs(i, reported_temperature, raw=self.logprobs_mode == "raw_logprobs")
-                         for i in set(picks)}
-                generations = [self._generation(choices[i], completions[i], along[i][0], "stop",
-                                                _top_of(along[i][1], top_logprobs), draw) for i in picks]
-                return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
+                # vLLM applies the grammar's mask to the logits before its sampler: processed logprobs are the masked
+                # distribution at the temperature, raw ones the masked distribution at temperature 1.
+                scale = 1.0 if self.logprobs_mode == "raw_logprobs" else reported_temperature
+                along = {path: walk.token_logprobs(path, scale) for path in set(picks)}
+            generations = [self._generation(choices[mask.choice_index(path)], list(path), along[path][0], "stop",
+                                            _top_of(along[path][1], top_logprobs), draw) for path in picks]
+            return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
+        # The whole-sequence draw: each choice's own tokenisation, then EOS, scored after the prompt.
+        completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
+        with torch.inference_mode(), self._adapter_context(adapter):
             if cached:
+                if root is None:
+                    root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
                 token_logprobs = score_choices(self.model, root, completions, self._pad_id())
             else:
                 token_logprobs = self._score(prompt_ids, completions)
         if temperature > 0:
-            if self.choice_draw == "token":
-                scores = masked_choice_logprobs(completions, token_logprobs, float(temperature))
-            else:
-                scores = [sum(lps) / float(temperature) for lps in token_logprobs]
+            scores = [sum(lps) / float(temperature) for lps in token_logprobs]
             probs = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)
             picks = torch.multinomial(probs, int(n), replacement=True, generator=generator).tolist()
-        elif self.choice_draw == "token":
-            picks = [greedy_masked_choice(completions, token_logprobs)] * int(n)
         else:
             picks = [max(range(len(choices)), key=lambda i: sum(token_logprobs[i]))] * int(n)
         reported = self._choice_logprobs(completions, token_logprobs, reported_temperature)
@@ -505,11 +508,9 @@ class LocalChatModel:
         return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
 
     def _choice_logprobs(self, completions: list[list[int]], raw: list[list[float]], temperature: float) -> list[list[float]]:
-        """Per choice token, the logprob reported under ``self.logprobs_mode`` for this engine's choice draw."""
+        """Per choice token, the logprob reported under ``self.logprobs_mode`` for the whole-sequence draw."""
         if self.logprobs_mode == "raw_logprobs":
             return [list(map(float, row)) for row in raw]
-        if self.choice_draw == "token":
-            return masked_token_logprobs(completions, raw, temperature)
         return sequence_token_logprobs(completions, raw, temperature)
 
     def _score(self, prompt_ids: list[int], completions: list[list[int]], batch: int = 16) -> list[list[float]]:
@@ -574,6 +575,11 @@ class HFPolicy:
             raise ValueError("n must be at least 1")
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_p < 1:  # the step stores its temperature, not a nucleus cut: no trainer could rebuild its logprobs
+            raise ValueError(f"top_p {top_p} cuts the distribution the stored logprobs are of, and the step does not "
+                             "store the cut, so no trainer could rebuild it: use top_p 1")
         self.model = str(model)
         self.adapter = str(adapter) if adapter else None
         self.temperature = float(temperature)

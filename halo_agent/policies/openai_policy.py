@@ -26,9 +26,10 @@ canonical call (``click('21')``), and a choice's sequence log-probability includ
 
 ``cover_choices=True`` (with ``constrain_actions``) makes ``last_samples`` a group of distinct actions
 instead of ``n`` draws: the sampled action first, then the page's other choices, each forced through a
-one-choice request so its log-probability is the engine's own (the ``n - 1`` most likely of them when the
-page offers more). Scored from the same state, every offered action is then compared with every other,
-instead of the few the policy happened to draw again and again.
+one-choice request (the first ``n - 1`` of them, in the page's order, when the page offers more); each keeps the
+tokens the engine spelled it with and no logprobs, since a one-choice request's say nothing of the page's draw
+(a trainer scores them on-policy). Scored from the same state, every offered action is then compared with every
+other, instead of the few the policy happened to draw again and again.
 
 Token-exact steps. With ``logprobs`` (the default) each request asks for the sampled tokens' logprobs and, as
 vLLM's ``return_tokens_as_token_ids: true``, for each token as ``"token_id:N"``: a sample then carries the
@@ -76,6 +77,13 @@ _OPTIONAL_PARAMS = ("logprobs", "seed", "max_tokens")
 # vLLM's request field for tokens as "token_id:N" (sent in the body; OpenAI refuses it as unrecognised).
 TOKEN_IDS_PARAM = "return_tokens_as_token_ids"
 TOKEN_ID_PREFIX = "token_id:"
+# vLLM's sampling fields, sent with every token-exact request at their neutral values: a ``vllm serve`` that takes
+# the model's generation_config.json as default sampling parameters (``--generation-config auto``: Qwen2.5's
+# repetition_penalty 1.05, top_k 20, top_p 0.8) then still samples from, and reports the logprobs of, the
+# distribution the step stores (its temperature alone). An endpoint that refuses them (OpenAI's) is asked again
+# without them and without token ids: its samples carry no token ids, so no trainer takes a ratio on them.
+NEUTRAL_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                    "presence_penalty": 0.0, "min_tokens": 0}
 
 _SEMAPHORES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _SEMAPHORES_LOCK = threading.Lock()
@@ -187,6 +195,11 @@ class OpenAIPolicy:
             key = "EMPTY"  # vLLM and local servers accept any key unless started with one
         self._scrub = SecretScrubber([key] if key != "EMPTY" else [])
         self.temperature = float(temperature)
+        if top_p is not None and not 0 < float(top_p) <= 1:
+            raise PolicyConfigError(f"top_p must be in (0, 1], got {top_p}")
+        if top_p is not None and float(top_p) < 1 and logprobs:
+            raise PolicyConfigError(f"top_p {top_p} cuts the distribution the stored logprobs are of, and the step does not "
+                                    "store the cut, so no trainer could rebuild it: use top_p 1 (or logprobs=False)")
         self.top_p = top_p
         self.n = int(n)
         self.max_tokens = int(max_tokens)
@@ -329,13 +342,14 @@ class OpenAIPolicy:
     def _cover(self, messages: list[dict[str, Any]], obs: Observation, choices: list[str], action: PolicyOutput,
                started: float) -> list[PolicyOutput]:
         """``action`` and the page's other choices, each forced by a one-choice request (in parallel, within
-        ``max_concurrent``), the most likely first, ``n`` in all. The action's sample carries every call's cost
+        ``max_concurrent``), in the page's order, ``n`` in all. The action's sample carries every call's cost
         and the whole latency.
 
         A forced choice is stored as a choice of the page's draw (``choices`` the page's, ``draw`` the action's),
-        which is the distribution a trainer scores it under. Under ``processed_logprobs`` its own request's
-        logprobs are those of a one-choice mask (every token forced, 0) and say nothing of that draw: it keeps its
-        token ids and no logprobs, and the others come in the page's order, not the most likely first."""
+        which is the distribution a trainer scores it under. Its own request's logprobs are those of a one-choice
+        mask (the share of the way the engine spelled it among the ways of spelling it, under either logprobs
+        mode: vLLM masks the logits before computing raw logprobs too) and say nothing of that draw: it keeps its
+        token ids and no logprobs, and a trainer scores it on-policy (``grpo --choice-softmax``)."""
         from concurrent.futures import ThreadPoolExecutor
 
         others = [c for c in choices if c != action.model_output]
@@ -347,14 +361,11 @@ class OpenAIPolicy:
             got = self._samples(response, obs, 0.0, [choice])
             if not got:
                 raise PolicyAPIError("the endpoint returned no choices")
-            sample = dataclasses.replace(got[0], choices=list(choices), draw=action.draw)
-            if sample.logprobs_mode == "processed_logprobs":
-                sample = dataclasses.replace(sample, logprobs=None, logprob_sum=None)
-            return sample
+            return dataclasses.replace(got[0], choices=list(choices), draw=action.draw, logprobs=None, logprob_sum=None)
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(others))) as pool:
             scored = list(pool.map(forced, others))
-        ranked = sorted(scored, key=lambda s: (s.logprob_sum is None, -(s.logprob_sum or 0.0)))[: self.n - 1]
+        ranked = scored[: self.n - 1]
         cost = sum(s.cost_usd or 0.0 for s in [action, *scored]) if action.cost_usd is not None else None
         first = dataclasses.replace(action, latency_ms=_ms(started), cost_usd=cost)
         return [first, *(dataclasses.replace(s, cost_usd=0.0, latency_ms=0.0) for s in ranked)]
@@ -427,8 +438,7 @@ class OpenAIPolicy:
         n = self.n if n is None else n
         if n > 1:
             params["n"] = n
-        if self.top_p is not None:
-            params["top_p"] = self.top_p
+        params["top_p"] = 1.0 if self.top_p is None else self.top_p
         if "max_tokens" in self._dropped_params:
             params["max_completion_tokens"] = self.max_tokens
         else:
@@ -436,7 +446,7 @@ class OpenAIPolicy:
         if self.want_logprobs and "logprobs" not in self._dropped_params:
             params["logprobs"] = True
             if TOKEN_IDS_PARAM not in self._dropped_params:
-                params["extra_body"] = {**params.get("extra_body", {}), TOKEN_IDS_PARAM: True}
+                params["extra_body"] = {**params.get("extra_body", {}), TOKEN_IDS_PARAM: True, **NEUTRAL_SAMPLING}
         if self._seed is not None and "seed" not in self._dropped_params:
             # A per-step seed: the same episode seed replays the same samples where the endpoint honours seeds.
             digest = hashlib.sha256(f"{self._seed}\x1f{step_idx}".encode()).digest()
@@ -488,7 +498,7 @@ class OpenAIPolicy:
 
     def _unsupported_param(self, error: Exception, params: dict[str, Any]) -> str | None:
         message = str(getattr(error, "message", error)).lower()
-        if TOKEN_IDS_PARAM in params.get("extra_body", {}) and TOKEN_IDS_PARAM in message:
+        if TOKEN_IDS_PARAM in params.get("extra_body", {}) and any(f in message for f in (TOKEN_IDS_PARAM, *NEUTRAL_SAMPLING)):
             return TOKEN_IDS_PARAM  # OpenAI: "Unrecognized request argument supplied: return_tokens_as_token_ids"
         for name in _OPTIONAL_PARAMS:
             if name in params and name not in self._dropped_params and name in message and (

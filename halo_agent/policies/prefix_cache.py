@@ -4,9 +4,10 @@
 seen before (the same system prompt and instructions; the first step of every attempt at one task seed) is
 prefilled only from where the two part, as vLLM's automatic prefix caching does.
 
-``ChoiceWalk`` draws a guided choice as vLLM's grammar masks it, token by token, continuing from the prompt's
-cache: where the choices part it needs the model's distribution there, which one forward of the tokens since
-the last place computed gives; a forced token needs nothing. So a draw costs the prompt's (cached) prefill and
+``ChoiceWalk`` draws a guided choice as vLLM's grammar masks it (every token that keeps the text a prefix of some
+choice), token by token, continuing from the prompt's cache: where more than one token is allowed it needs the
+model's distribution there, which one forward of the tokens since the last place computed gives; a forced
+token needs nothing. So a draw costs the prompt's (cached) prefill and
 a forward of the drawn path, not one of every choice. ``score_choices`` scores every choice's tokens as one
 batch continuing from the cache (the whole-sequence draw needs them all).
 """
@@ -17,7 +18,7 @@ import collections
 import dataclasses
 from typing import Any, Sequence
 
-from halo_agent.policies.guided_choice import Prefix, allowed_tokens, log_normaliser
+from halo_agent.policies.guided_choice import Prefix, log_normaliser
 
 
 @dataclasses.dataclass
@@ -171,13 +172,11 @@ class PromptCache:
 
 
 class ChoiceWalk:
-    """Draws among ``completions`` (token ids, each ending in EOS) token by token under the mask, from ``root``."""
+    """Draws a guided choice token by token under ``mask`` (a :class:`ChoiceMask`: vLLM's string-prefix mask),
+    from ``root``, the prompt's cache; each path drawn ends in the mask's EOS."""
 
-    def __init__(self, model: Any, root: Prefilled, completions: Sequence[Sequence[int]], kept_caches: int = 4) -> None:
-        self.model, self.root = model, root
-        self.completions = [tuple(c) for c in completions]
-        self.allowed = allowed_tokens(self.completions)
-        self.index = {c: i for i, c in enumerate(self.completions)}
+    def __init__(self, model: Any, root: Prefilled, mask: Any, kept_caches: int = 4) -> None:
+        self.model, self.root, self.mask = model, root, mask
         self._logprobs: dict[Prefix, Any] = {(): root.next_logprobs}  # the model's log-probs after each prefix
         # Where the last few forwards ended, to continue from (each holds the whole prompt's KV: a draw of many
         # samples keeps ``kept_caches`` of them and goes back to the prompt's cache for the rest).
@@ -198,14 +197,16 @@ class ChoiceWalk:
                 self._logprobs[prefix[:shared + k + 1]] = rows[k]
         return self._logprobs[prefix]
 
-    def draw(self, temperature: float, generator: Any = None) -> int:
-        """One choice's index: at each place where the choices part, a token from the allowed ones' renormalised
-        distribution at ``temperature`` (0: the most likely, the first listed of equals)."""
+    def draw(self, temperature: float, generator: Any = None) -> Prefix:
+        """One path of token ids (EOS last): at each step a token from the allowed ones' renormalised distribution
+        at ``temperature`` (0: the most likely, the lowest id of equals); a lone allowed token is forced."""
         import torch
 
         prefix: Prefix = ()
-        while prefix not in self.index:
-            allowed = self.allowed[prefix]
+        while not self.mask.finished(prefix):
+            allowed = self.mask.allowed(prefix)
+            if not allowed:
+                raise ValueError("the guided choice's mask allows no token here: is a choice empty?")
             if len(allowed) == 1:
                 prefix += (allowed[0],)
                 continue
@@ -215,21 +216,16 @@ class ChoiceWalk:
             else:
                 pick = max(range(len(allowed)), key=lambda k: float(values[k]))  # max keeps the first of equals
             prefix += (allowed[pick],)
-        return self.index[prefix]
+        return prefix
 
-    def token_logprobs(self, choice: int, temperature: float, raw: bool) -> tuple[list[float], list[dict[int, float]]]:
-        """Along ``choice``'s tokens: each token's logprob and the allowed tokens' there, either the model's raw ones
-        or, under the mask at ``temperature``, each allowed token's share (a forced token 0.0)."""
-        tokens = self.completions[choice]
-        if raw:
-            self.logprobs(tokens[:-1])  # one forward covers every position not computed yet
+    def token_logprobs(self, path: Sequence[int], temperature: float) -> tuple[list[float], list[dict[int, float]]]:
+        """Along ``path``: each token's logprob under the mask at ``temperature`` (its share of the allowed tokens'
+        renormalised distribution, a forced token 0.0), and every allowed token's there."""
+        tokens = tuple(path)
         values, allowed_values = [], []
         for j, token in enumerate(tokens):
-            prefix, allowed = tokens[:j], self.allowed[tokens[:j]]
-            if raw:
-                row = self.logprobs(prefix)
-                at = {t: float(row[t]) for t in allowed}
-            elif len(allowed) == 1:
+            prefix, allowed = tokens[:j], self.mask.allowed(tokens[:j])
+            if len(allowed) <= 1:
                 at = {token: 0.0}
             else:
                 row = self.logprobs(prefix)
