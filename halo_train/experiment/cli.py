@@ -23,7 +23,11 @@ def _setup(protocol: str, root: str | None, **kw):
 
 
 def _results(runner, results: str | None) -> Path:
-    return Path(results) if results else runner.cwd.parent / "results" / runner.p.name
+    """RESULTS/NAME: beside a protocols/ folder (bench/protocols -> bench/results), else beside the protocol file."""
+    if results:
+        return Path(results)
+    folder = runner.cwd.parent if runner.cwd.name == "protocols" else runner.cwd
+    return folder / "results" / runner.p.name
 
 
 def _logging() -> None:
@@ -105,7 +109,7 @@ def status_command(protocol: str, root: str | None) -> None:
 @click.option("--arms", default="first_pages,random,heuristic,zero_shot", show_default=True,
               help="What to measure: first_pages (environment resets), random, heuristic, zero_shot (the base model).")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Dev seeds per task for the arms (default: screening.dev_seeds).")
-@click.option("--output", default=None, help="The screening's JSON (default: RESULTS/NAME/screening.json beside the protocol's folder).")
+@click.option("--output", default=None, help="The screening's JSON (default: results/NAME/screening.json, beside the protocol or its protocols/ folder).")
 @run_cli
 def screen_command(protocol: str, root: str | None, tasks: str | None, arms: str, seeds: int | None, output: str | None) -> None:
     """Candidate tasks on dev seeds: distinct first pages, training-sample overlap, random / heuristic / zero-shot
@@ -117,6 +121,7 @@ def screen_command(protocol: str, root: str | None, tasks: str | None, arms: str
     unknown = [a for a in wanted if a not in ("first_pages", *SCREEN_ARMS)]
     if unknown:
         raise click.UsageError(f"unknown screening arm(s) {', '.join(unknown)}: use first_pages, {', '.join(SCREEN_ARMS)}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the engine and the running rollout stop with it
     _logging()
     out = Path(output) if output else _results(runner, None) / "screening.json"
     data = screen(runner, out, tasks=[t for t in (tasks or "").split(",") if t] or None, arms=wanted, seeds=seeds,
@@ -128,7 +133,7 @@ def screen_command(protocol: str, root: str | None, tasks: str | None, arms: str
 @experiment.command("export")
 @protocol_argument
 @root_option
-@click.option("--results", default=None, help="The results folder (default: bench/results/NAME beside the protocol's folder).")
+@click.option("--results", default=None, help="The results folder (default: results/NAME, beside the protocol or its protocols/ folder).")
 @run_cli
 def export_command(protocol: str, root: str | None, results: str | None) -> None:
     """episodes.parquet, timing.json, evidence.json, meta.json (with every stage's commit) and the first training
@@ -142,7 +147,7 @@ def export_command(protocol: str, root: str | None, results: str | None) -> None
 @experiment.command("report")
 @protocol_argument
 @root_option
-@click.option("--results", default=None, help="The results folder (default: bench/results/NAME beside the protocol's folder).")
+@click.option("--results", default=None, help="The results folder (default: results/NAME, beside the protocol or its protocols/ folder).")
 @run_cli
 def report_command(protocol: str, root: str | None, results: str | None) -> None:
     """Success per arm and split, pooled and per seed, with the protocol's intervals, from episodes.parquet."""

@@ -193,13 +193,17 @@ class Runner:
         done = self.state.episodes(run_id)
         if done >= planned:
             return
-        argv = [str(BIN / "halo-agent"), "rollout", "--tasks", ",".join(tasks), "--task-seed", str(first_seed),
-                "--task-seeds", str(seeds), "--rollouts-per-task", str(attempts), "--seed", str(seed),
-                "--run-id", run_id, *self._interface_options(temperature), *policy]
+        argv = self.rollout_argv(run_id, tasks, first_seed, seeds, attempts, seed, policy, temperature)
         if done or self.state.has_run(run_id):
             argv.append("--resume")
         log.info("%s: %d of %d episodes there", run_id, done, planned)
         self._call(argv, run_id, {"kind": "rollout", "run_id": run_id, **(stage or {})})
+
+    def rollout_argv(self, run_id: str, tasks: tuple[str, ...], first_seed: int, seeds: int, attempts: int, seed: int,
+                     policy: list[str], temperature: float | None = None) -> list[str]:
+        return [str(BIN / "halo-agent"), "rollout", "--tasks", ",".join(tasks), "--task-seed", str(first_seed),
+                "--task-seeds", str(seeds), "--rollouts-per-task", str(attempts), "--seed", str(seed),
+                "--run-id", run_id, *self._interface_options(temperature), *policy]
 
     def model_policy(self, url: str, adapter: str | None = None) -> list[str]:
         argv = ["--policy", "openai", "--model", self.served_name, "--policy-option", f"base_url={url}",
