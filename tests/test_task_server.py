@@ -113,26 +113,31 @@ def bash(command: str) -> str:
     return f"Think: run it\nAct: bash\n```bash\n{command}\n```"
 
 
-@pytest.fixture(scope="module")
-def server():
-    """`halo-agent serve-tasks --env os` in its own process on a free loopback port; stopped with SIGINT at the end."""
+def start_server(*options: str) -> tuple[str, subprocess.Popen]:
+    """`halo-agent serve-tasks --env os OPTIONS` in its own process on a free loopback port, once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-m", "halo_agent.cli", "serve-tasks", "--env", "os", "--port", str(port),
-                                "--max-rounds", str(MAX_ROUNDS), "--timeout", "10", "--task-seed", str(TASK_SEED)], env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "halo_agent.cli", "serve-tasks", "--env", "os", "--port", str(port), *options],
+                               env=env, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 60
     while True:
         try:
             LabTaskClient(base)
-            break
+            return base, process
         except (urllib.error.URLError, ConnectionError):
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
                 pytest.fail(f"serve-tasks did not start: {process.stderr.read()[-2000:]}")
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The server for this module's tests; stopped with SIGINT at the end."""
+    base, process = start_server("--max-rounds", str(MAX_ROUNDS), "--timeout", "10", "--task-seed", str(TASK_SEED))
     yield base, process
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
@@ -240,6 +245,85 @@ def test_what_their_server_refuses_is_refused_with_a_client_error_and_the_reason
     task.interact(session)
     task.complete(session)
     assert session["evaluation_record"]["outcome"] == "correct"
+
+
+PATTERN = "{previous_sample_utilization_target_position}"
+
+
+class LabFactoryClient:
+    """LifelongAgentBench's ChatHistoryItemFactoryClient, from its shapes: built from the general instance factory
+    the task's get_attribute hands over (module and parameters), it pings its server, then construct and set."""
+
+    def __init__(self, server_address: str, request_timeout: int) -> None:
+        self.server_address, self.request_timeout = server_address.rstrip("/"), request_timeout
+        assert self._call("/ping") == {"response": "Hello, World!"}
+
+    def _call(self, route: str, body: dict | None = None):
+        return LabTaskClient._call(self, route, body)
+
+    def construct(self, index: int, expected_role: str | None = None) -> dict:
+        return self._call("/construct", {"chat_history_item_index": index, "expected_role": expected_role})["chat_history_item"]
+
+    def set(self, index: int, role: str, content: str) -> None:
+        self._call("/set", {"prompt_index": index, "role": role, "content": content})
+
+
+def test_their_lifelong_callback_reads_and_sets_the_first_prompt_through_the_factory(server):
+    """run_experiment.py with PreviousSampleUtilizationCallback: the runner reads item 0 of the task's
+    chat_history_item_factory (it must hold the placeholder once), the callback sets it before each
+    sample with the samples solved so far, and the task opens each history with it."""
+    base, _ = server
+    task = LabTaskClient(base)
+    answer = task._call("/get_attribute", {"name": "chat_history_item_factory"})
+    assert answer["instance_factory_type"] == "general"
+    factory_spec = answer["instance_factory_parameter_dict"]
+    assert factory_spec["module"] == "src.factories.chat_history_item.online.client.ChatHistoryItemFactoryClient"
+    factory = LabFactoryClient(**factory_spec["parameters"])  # GeneralInstanceFactory.create()
+    original = factory.construct(0, expected_role="user")["content"]
+    assert original.count(PATTERN) == 1  # the callback's own assertion
+    assert factory.construct(1, expected_role="agent") == {"role": "agent", "content": "OK."}
+    utilized: list[dict] = []
+    sessions = []
+    for index in ("users-add", "users-group-add"):
+        # on_session_create: the question and the rest of each utilized session's history, in place of the pattern
+        examples = "\n" + "".join(f"Question {s['chat_history']['value'][2]['content']}:\n"
+                                   + "\n".join(f"{m['role']}: {m['content']}" for m in s["chat_history"]["value"][3:]) for s in utilized)
+        factory.set(0, "user", original.replace(PATTERN, examples))
+        instance = INSTANCES[index]
+        session = run_sample(task, index, [bash(instance.solution.script), "Act: finish"])
+        sessions.append(session)
+        if session["evaluation_record"]["outcome"] == "correct" and session["sample_status"] == "completed":  # on_task_complete
+            utilized.append(session)
+    first, second = (s["chat_history"]["value"][0]["content"] for s in sessions)
+    assert PATTERN not in first and PATTERN not in second
+    assert INSTANCES["users-add"].instruction not in first
+    assert f"Question {INSTANCES['users-add'].instruction}:" in second  # the first sample, solved, shown to the second
+    assert [s["evaluation_record"]["outcome"] for s in sessions] == ["correct", "correct"]
+    factory.set(0, "user", original)
+    code, text = refused(factory.set, 1, "user", "no")
+    assert code == 400 and "keeps the role" in text
+    task.release()
+
+
+def test_a_sample_left_idle_is_closed_and_then_refused_with_410():
+    from halo_agent.envs.os_sandbox import SandboxConfig
+    from halo_agent.task_server import OSTaskService, ProtocolError, Session
+
+    service = OSTaskService(load_tasks()[:3], SandboxConfig(timeout_s=5), idle_timeout_s=0.3)
+    index = sample_index_of(load_tasks()[0])
+    session = service.reset(Session(task_name="os_interaction", sample_index=index))
+    holder = service.sessions[index].sandbox.sandbox.holder_pid
+    assert holder and Path(f"/proc/{holder}").exists()
+    deadline = time.monotonic() + 10
+    while index in service.sessions and time.monotonic() < deadline:  # the reaper looks every idle_timeout_s / 4
+        time.sleep(0.05)
+    assert index not in service.sessions
+    assert not Path(f"/proc/{holder}").exists()  # its sandbox is closed
+    session.chat_history.value.append(session.chat_history.value[-1].model_copy(update={"role": "agent", "content": "Act: finish"}))
+    with pytest.raises(ProtocolError) as refusal:
+        service.interact(session)
+    assert refusal.value.status == 410 and "without a request" in str(refusal.value)
+    service.shutdown()
 
 
 def test_set_attribute_and_shutdown_releases_every_sandbox(server):
