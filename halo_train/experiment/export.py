@@ -161,19 +161,43 @@ def evidence(runner) -> dict[str, Any]:
     """What the trained arms learnt from, and how new the evaluated states are: ``samples``, ``offline_jobs`` and
     ``state_novelty`` (online_grpo's per-iteration signal is in timing.json, beside its seconds)."""
     jobs = _train_jobs(runner, "run_id, job_type, output_dir, source_view")
-    return {**offline_training(runner, jobs), "state_novelty": state_novelty(runner)}
+    return {**offline_training(runner, jobs), "state_novelty": state_novelty(runner), "budget": budget(runner)}
+
+
+def arm_training_runs(runner, arm: str, seed: int) -> list[str]:
+    """The runs whose episodes one trained arm's training seed took: its sample, its rounds or its online rollouts."""
+    p = runner.p
+    method = p.method(arm)
+    if method == "expert_iteration":
+        return runner.round_runs(arm, seed, p.rounds(arm) - 1)
+    if method == "online":
+        return [it["rollout_run"] for it in runner.state.online_iterations(p.online_run(seed, arm))]
+    return [p.sample_run(seed)]
 
 
 def training_runs(runner) -> list[str]:
-    """Every run whose episodes some trained arm learnt from: each training seed's sample and online rollouts."""
+    """Every run whose episodes some trained arm learnt from."""
     p = runner.p
     runs = [p.sample_run(seed) for seed in p.training_seeds]
     for arm in p.trained_arms():
         for seed in p.arm_seeds(arm):
-            runs += runner.round_runs(arm, seed, p.rounds(arm) - 1) if p.rounds(arm) else []
-    for arm, seed in _online_seeds(p):
-        runs += [it["rollout_run"] for it in runner.state.online_iterations(p.online_run(seed, arm))]
+            runs += [r for r in arm_training_runs(runner, arm, seed) if r not in runs]
     return runs
+
+
+def budget(runner) -> dict[str, dict[str, dict[str, int]]]:
+    """The environment budget each trained arm and training seed took, counted from the lake (episodes and steps of
+    its training runs) beside the one the protocol plans."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for arm in runner.p.trained_arms():
+        for seed in runner.p.arm_seeds(arm):
+            runs = arm_training_runs(runner, arm, seed)
+            rows = runner.state.query("select count(*) AS episodes, coalesce(sum(n_steps), 0) AS steps from episodes "
+                                      "where list_contains($r, run_id)", {"r": runs}) if runs else []
+            row = rows[0] if rows else {"episodes": 0, "steps": 0}
+            out.setdefault(arm, {})[f"s{seed}"] = {"planned_episodes": runner.p.arm_episodes(arm),
+                                                   "episodes": int(row["episodes"]), "steps": int(row["steps"])}
+    return out
 
 
 def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:

@@ -152,6 +152,16 @@ def report(p, results: Path) -> str:
         for split in ("test_seeds", "heldout_tasks"):
             text, _ = arm_table(p, rows, split, temperature)
             out += [text, ""]
+    evidence_file = results / "evidence.json"
+    spent = json.loads(evidence_file.read_text()).get("budget") if evidence_file.exists() else None
+    if spent:
+        out += ["**Environment budget** (training episodes and steps, from the lake; planned in brackets)", "",
+                "| arm | " + " | ".join(sorted({s for seeds in spent.values() for s in seeds})) + " |",
+                "| --- " * (1 + len({s for seeds in spent.values() for s in seeds})) + "|"]
+        for arm, seeds in spent.items():
+            out.append(f"| {arm} | " + " | ".join(f"{v['episodes']} ({v['planned_episodes']}), {v['steps']} steps"
+                                                  for _, v in sorted(seeds.items())) + " |")
+        out.append("")
     targets = targets_table(p, rows)
     if targets:
         out += ["**Targets** (primary temperature)", "", targets, ""]
