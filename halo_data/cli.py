@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from typing import Any
@@ -210,7 +211,7 @@ def export(view: str, output: str | None, lake_path: str, fmt: str | None, where
 
 
 @main.command("import")
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("sources", nargs=-1, required=True, type=click.Path())
 @LAKE_OPTION
 @click.option("--run-id", help="Run id for the imported episodes (default: derived from each source).")
 @click.option("--format", "fmt", metavar="FORMAT", default="auto", show_default=True,
@@ -222,6 +223,9 @@ def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: s
 
     if fmt not in IMPORT_FORMATS:
         fail(f"unknown import format {fmt!r}: use {', '.join(IMPORT_FORMATS)}")
+    for source in sources:
+        if not os.path.exists(source):
+            fail(f"{source} does not exist")
     lake = Lake.init(lake_path)
     report = import_sources(lake, list(sources), run_id=run_id, fmt=fmt)
     click.echo(f"imported {report.episodes} episodes ({report.steps} steps) into {lake.root}")

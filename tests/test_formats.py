@@ -411,3 +411,36 @@ def test_trl_prepares_the_exported_bc_rows_and_dpo_pairs(hf_exports, tmp_path):
     assert len(prepared) == len(pairs), prepared.column_names
     assert {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(prepared.column_names), prepared.column_names
     assert all(p and c and c != r for p, c, r in zip(prepared["prompt_ids"], prepared["chosen_ids"], prepared["rejected_ids"]))
+
+
+def test_the_formats_page_commands_run_as_printed(source_lake, tmp_path, monkeypatch):
+    """docs/formats.md's commands, in order, on a lake at lake/: each exits 0 but the push, which has no token here."""
+    import huggingface_hub.constants as hub
+    from test_docs_commands import argv_of, bash_lines
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lake").symlink_to(source_lake.root)
+    monkeypatch.delenv("HALO_LAKE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hub, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(hub, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    page = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
+    commands = [argv_of(line) for line in bash_lines(page.read_text())]
+    assert len(commands) >= 8 and all(c[0] == "halo-data" for c in commands)
+    outputs = []
+    for argv in commands:
+        result = CliRunner().invoke(main, list(argv[1:]), prog_name="halo-data")
+        if "--push-to-hub" in argv:
+            assert error_line(result).startswith("Error: --push-to-hub your-name/halo-bc needs a Hugging Face token")
+        else:
+            assert result.exit_code == 0, (argv, result.output)
+        outputs.append(result.output)
+    assert "imported 0 episodes" in outputs[3]  # the successful episodes were all in the first import
+    assert _steps(Lake.open(tmp_path / "lake-copy")) == _steps(source_lake)
+    assert (tmp_path / "out" / "hf-steps" / "README.md").is_file()
+
+
+def test_importing_a_missing_source_is_one_line(tmp_path):
+    result = cli("import", str(tmp_path / "nowhere.json"), "--lake", str(tmp_path / "lake"))
+    assert result.exit_code == 1 and error_line(result) == f"Error: {tmp_path / 'nowhere.json'} does not exist"
+    assert not (tmp_path / "lake").exists()
