@@ -1,7 +1,7 @@
 """The os sandbox's start and command time, today's sandbox against an earlier revision's, side by side in one run.
 
-    python -m bench os-sandbox                          # against the revision before the user namespace
-    python -m bench os-sandbox --baseline-rev 6063a23 --starts 40
+    python -m bench os-sandbox                          # against the revision before the static entry helper
+    python -m bench os-sandbox --baseline-rev 6063a23 --starts 40   # against the sandbox before the user namespace
 
 The earlier revision's ``halo_agent/envs/os_sandbox.py`` is loaded from git (it imports only the
 standard library) and both sandboxes are started in turns (A, B, A, B, ...), so that the load of the
@@ -28,8 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "os-sandbox"
 MODULE = "halo_agent/envs/os_sandbox.py"
-# The last revision whose sandbox ran as real root with the host's / as its lower layer.
-BASELINE_REV = "6063a23"
+# The last revision whose commands entered through nsenter and a dynamically linked setpriv (capabilities
+# dropped after the loader ran), evaluated inside the sandbox, with no CPU quota nor freezing.
+BASELINE_REV = "d223e2c"
+
+
+BASELINE_SANDBOXES = {
+    "6063a23": "real root, host / as the overlay's lower layer, masked folders",
+    "d223e2c": "user namespace, root template + read-only /usr, own /etc; nsenter + setpriv",
+}
 
 
 def load_revision(rev: str):
@@ -109,9 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python -m bench os-sandbox " + " ".join(argv or []),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-        "baseline": {"revision": args.baseline_rev, "sandbox": "real root, host / as the overlay's lower layer, masked folders",
+        "baseline": {"revision": args.baseline_rev, "sandbox": BASELINE_SANDBOXES.get(args.baseline_rev, "earlier revision"),
                      **summarize(samples["baseline"], commands["baseline"])},
-        "current": {"revision": current_rev, "sandbox": "user namespace, root template + read-only /usr, own /etc",
+        "current": {"revision": current_rev, "sandbox": "static entry helper, seccomp, own keyring, CPU quota, frozen between "
+                                                         "commands, trusted evaluation root",
                     **summarize(samples["current"], commands["current"])},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
