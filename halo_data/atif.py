@@ -22,8 +22,8 @@ An exported document (``halo_data.atif_schema`` transcribes the spec and checks 
 - root ``extra.halo``: the episode's fields (env, task, seeds, attempt, times), so a HALO import restores them.
 
 Screenshots are files next to the documents (``images/<sha256>.<format>``, the spec's convention), referenced by
-relative path. An import reads any valid ATIF document: a step's page is the observation before it, its action
-the tool call (``name(arguments)`` for tools other than ``browser_action``), and a document of another producer
+relative path. An import reads any valid ATIF document: the first user message is the goal, a step's page the
+observation (or later user message) before it, its action the tool call (``name(arguments)`` for tools other than ``browser_action``), and a document of another producer
 gets ``env`` "atif", its ``extra.task_id`` (or ``task_name``, ``trajectory_id``, ``session_id``, the file's name)
 as the task, and rewards only where its ``extra`` gives them.
 """
@@ -362,7 +362,8 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     from_halo = agent["name"] == AGENT_NAME and bool(halo)
     shots: dict[str, Screenshot] = {}
     steps_in = doc["steps"]
-    goal = next((_text_of(s["message"]) for s in steps_in if s["source"] == "user"), None)
+    goal_step = next((s for s in steps_in if s["source"] == "user"), None)
+    goal = _text_of(goal_step["message"]) if goal_step is not None else None
     # The page each agent step acts on: the latest observation before it.
     page_text: str | None = None
     page_url: str | None = None
@@ -378,6 +379,9 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         if s["source"] != "agent":
             if any(r.get("content") is not None for r in results):
                 page_text, page_url, page_shot = _page(results, swhere, folder, shots)
+            elif s["source"] == "user" and s is not goal_step:  # a later user turn is what the agent reads next
+                page_text, page_url = _text_of(s["message"]), None
+                page_shot = _image_of(s["message"], swhere, folder, shots)
             continue
         sx = s.get("extra") or {}
         kept = sx.get("halo") if isinstance(sx.get("halo"), dict) else {}
