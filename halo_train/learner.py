@@ -76,7 +76,7 @@ class LearnerOptions:
 
 @dataclasses.dataclass
 class UpdateResult:
-    rows: int  # distinct rows the update trained on
+    rows: int  # distinct rows the update trained on (all it read, unless max_steps cut it short)
     optimizer_steps: int
     lineage: dict[str, int]
     extra: dict[str, Any]  # the dataset's figures (groups, zero-std groups, stale rows, ...)
@@ -185,6 +185,7 @@ class Learner:
         before = lora_weights(self.model)
         self.model.train()
         step_log: list[dict[str, float]] = []
+        trained: set[int] = set()
         t0 = time.perf_counter()
         for _ in range(opts.epochs_per_update):
             order = torch.randperm(len(rows), generator=self.generator).tolist()
@@ -192,6 +193,7 @@ class Learner:
                 if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                     break
                 self.optimizer.zero_grad(set_to_none=True)
+                trained.update(minibatch)
                 sums: dict[str, float] = {}
                 for micro in _chunks(minibatch, opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
@@ -218,7 +220,8 @@ class Learner:
             return sum(values) / len(values) if values else 0.0
 
         metrics = {
-            "rows_trained": float(len(rows)),
+            "rows_trained": float(len(trained)),
+            "rows_read": float(len(rows)),
             "optimizer_steps": float(len(step_log)),
             "learner_step": float(self.step),
             "loss": mean("loss"),
@@ -234,7 +237,7 @@ class Learner:
         }
         if step_log and "kl" in step_log[0]:
             metrics["kl_to_base"] = mean("kl")
-        return UpdateResult(len(rows), len(step_log), read.lineage, {**extra, "dropped_rows": dropped}, metrics, step_log)
+        return UpdateResult(len(trained), len(step_log), read.lineage, {**extra, "dropped_rows": dropped}, metrics, step_log)
 
     def measure(self, rows: list[dict[str, Any]], collate) -> dict[str, float]:
         """After an update, without gradients over its rows: approx KL(new || old) against the stored token
@@ -347,3 +350,22 @@ def displacement(now: dict[str, tuple[Any, Any, float]], before: dict[str, tuple
             delta = delta - scale0 * (b0 @ a0)
         total += float(delta.norm())
     return total / len(now)
+
+
+def adapter_lora_weights(folder: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, float]]:
+    """``lora_weights`` of a saved PEFT adapter folder (its safetensors and adapter_config.json's alpha / r)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    scale = float(config["lora_alpha"]) / float(config["r"])
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    out = {}
+    for key, a in tensors.items():
+        if ".lora_A." in key:
+            module = key.split(".lora_A.")[0]
+            out[module] = (a.float(), tensors[key.replace(".lora_A.", ".lora_B.")].float(), scale)
+    return out
+

@@ -394,6 +394,7 @@ def _sample(cfg, lake, engine, base_name, run_id, k, sampler: Served) -> tuple[d
         "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
         "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
     }
+    metrics.update(_spread(lake, rollout.run_id, _view_weights(cfg)))
     if "unreproducible_states" in stats:  # --group-by state: states left out of training because they did not restore
         metrics["unreproducible_states"] = stats["unreproducible_states"]
     it: dict[str, Any] = {"iteration": k, "rollout_run": rollout.run_id, "sampled_by": sampler.name or base_name,
@@ -513,6 +514,27 @@ def _run_stats(lake: Lake, run_id: str, weights: dict[str, float]) -> dict[str, 
     return stats
 
 
+# A run's step rows, and its groups of attempts (task seed, version) by where their rewards spread: in success, or
+# only in the shaping terms (progress, novelty, loop, validity), which teach the policy the shaping, not the task.
+SPREAD_SQL = """
+WITH g AS (
+    SELECT task_id, task_seed, policy_version,
+           count(DISTINCT success) > 1 AS success_spread,
+           coalesce(stddev_samp(shaped_return), 0) > 1e-9 AS reward_spread
+    FROM episodes WHERE run_id = $r GROUP BY ALL
+)
+SELECT (SELECT count(*) FROM steps WHERE run_id = $r) AS rows_produced,
+       count(*) FILTER (WHERE success_spread) AS groups_success_spread,
+       count(*) FILTER (WHERE reward_spread AND NOT success_spread) AS groups_shaping_spread_only
+FROM g
+"""
+
+
+def _spread(lake: Lake, run_id: str, weights: dict[str, float]) -> dict[str, float]:
+    row = lake.query_arrow(SPREAD_SQL, {"r": run_id}, params=weights, runs=[run_id]).to_pylist()[0]
+    return {k: float(v or 0) for k, v in row.items()}
+
+
 # A run's state groups (state_groups: the states that reproduced) and the states that did not.
 STATE_STATS_SQL = """
 WITH groups AS (SELECT group_key, any_value(zero_std) AS zero_std FROM state_groups WHERE run_id = $r GROUP BY group_key)
@@ -591,6 +613,19 @@ def _job_update(grpo: GRPOConfig, final: Path) -> None:
     seconds = time.perf_counter() - t0
     stats = json.loads((staging / "final" / STATS_FILE).read_text())
     stats["update_seconds"] = seconds
+    # What the job did, as the persistent learner reports it: the rows it read, how far it moved the adapter.
+    from halo_train.learner import adapter_lora_weights, displacement
+
+    now = adapter_lora_weights(staging / "final")
+    before = adapter_lora_weights(grpo.init_adapter) if grpo.init_adapter else None
+    steps = int(stats.get("global_step") or 0)
+    stats["update_metrics"] = {
+        "rows_trained": float(min(int(stats.get("rows") or 0), steps * grpo.batch_size * grpo.gradient_accumulation_steps)),
+        "optimizer_steps": float(steps),
+        "displacement_from_base": displacement(now),
+        "displacement_from_previous": displacement(now, before) if before else displacement(now),
+        **{k: float(stats[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in stats},
+    }
     (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
     # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
     (staging / "final").rename(final)
@@ -638,7 +673,8 @@ def _learner_update(cfg: OnlineConfig, lake: Lake, grpo: GRPOConfig, trained: Se
     started = dt.datetime.now(dt.timezone.utc)
     result = learner.update(grpo)
     t1 = time.perf_counter()
-    metrics = {**result.metrics, "update_load_seconds": load_seconds}
+    metrics = {**result.metrics, "update_load_seconds": load_seconds,
+               **{k: float(result.extra[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in result.extra}}
     run_fields = dict(
         run_id=grpo.run_id, job_type="grpo", base_model=base_model_path(cfg.base_model), config_json=grpo.to_json(),
         source_view=GRPO_GROUP_VIEWS[cfg.group_by], lineage=result.lineage, output_dir=str(final.resolve()),
@@ -887,7 +923,9 @@ def _describe(it: dict[str, Any]) -> str:
     if it["update"] != "trained":
         text += f"; no update ({it['update']})"
     else:
-        text += f"; update {m.get('update_seconds', 0):.1f} s -> {Path(it['adapter']).name}"
+        trained = f"{int(m['rows_trained'])} rows, " if "rows_trained" in m else ""
+        moved = f", moved {m['displacement_from_previous']:.3g}" if "displacement_from_previous" in m else ""
+        text += f"; update {trained}{m.get('update_seconds', 0):.1f} s{moved} -> {Path(it['adapter']).name}"
         text += f", reload {m['reload_seconds']:.2f} s" if it["served_after"]["path"] == it["adapter"] else f"; {it['reload']}"
     if "success_rate/heldout" in m:
         text += f"; held-out success {m['success_rate/heldout']:.0%}"

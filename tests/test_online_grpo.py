@@ -119,8 +119,18 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(killed_and_res
     metrics = query(lake, "select step, metric from train_metrics where run_id = 'online'")
     by_step = {s: {m["metric"] for m in metrics if m["step"] == s} for s in (0, 1)}
     expected = {"policy_version", "rewards/mean", "rewards/std", "success_rate/train", "frac_reward_zero_std",
-                "trainable_groups", "reload_seconds", "rollout_steps_per_second", "update_seconds"}
+                "trainable_groups", "reload_seconds", "rollout_steps_per_second", "update_seconds",
+                # what each update did (the persistent learner)
+                "rows_produced", "rows_trained", "optimizer_steps", "groups_success_spread", "groups_shaping_spread_only",
+                "anchor_groups_with_spread", "step_advantage_share", "displacement_from_base", "displacement_from_previous",
+                "approx_kl", "entropy", "clip_ratio", "update_load_seconds", "update_train_seconds", "update_save_seconds"}
     assert expected <= by_step[0] and expected | {"success_rate/heldout"} <= by_step[1]
+    values = {(m["step"], m["metric"]): m["value"] for m in query(lake, "select step, metric, value from train_metrics where run_id = 'online'")}
+    for k in (0, 1):  # each update trained on every trainable row the iteration produced, and moved the adapter
+        assert 0 < values[k, "rows_trained"] <= values[k, "rows_produced"]
+        assert values[k, "displacement_from_previous"] > 0
+    # Each version's folder holds the learner's state beside the adapter: the resumed run continued policy-1's optimizer.
+    assert all((out / p / "learner_state.pt").exists() for p in ("policy-1", "policy-2"))
     assert (out / "engine.log").exists()
 
 
