@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +212,14 @@ def test_close_kills_everything_and_removes_the_cgroup():
     box.close()
     assert not os.path.exists(f"/proc/{holder}")
     assert all(not d.exists() for d in cgroups)
+
+
+def test_the_sandbox_cgroups_sit_under_this_process_own_with_a_cpu_quota(box):
+    own = {c: path for line in open("/proc/self/cgroup").read().splitlines() for _, cs, path in [line.split(":", 2)]
+           for c in (cs.split(",") if cs else [""])}
+    assert box._cgroup.dirs, "no cgroup was made"
+    for hierarchy, folder in box._cgroup.dirs.items():
+        assert folder.parent == Path("/sys/fs/cgroup", hierarchy, own[hierarchy].lstrip("/"))  # inside the server's limits
+    quota = (box._cgroup.dirs.get("") or box._cgroup.dirs["cpu"])
+    limit = (quota / "cpu.max").read_text().split()[0] if (quota / "cpu.max").exists() else (quota / "cpu.cfs_quota_us").read_text().strip()
+    assert int(limit) == int(box.config.cpus * 100_000)

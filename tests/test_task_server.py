@@ -282,6 +282,8 @@ def test_their_lifelong_callback_reads_and_sets_the_first_prompt_through_the_fac
     original = factory.construct(0, expected_role="user")["content"]
     assert original.count(PATTERN) == 1  # the callback's own assertion
     assert factory.construct(1, expected_role="agent") == {"role": "agent", "content": "OK."}
+    items = factory._call("/get_chat_history_item_dict_deep_copy")["chat_history_item_dict"]["value"]
+    assert items == {"0": {"role": "user", "content": original}, "1": {"role": "agent", "content": "OK."}}
     utilized: list[dict] = []
     sessions = []
     for index in ("users-add", "users-group-add"):

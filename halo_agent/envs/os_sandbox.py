@@ -449,8 +449,9 @@ def _cgroup_parents() -> dict[str, Path]:
 def _v2_delegated_parent(parent: Path) -> Path:
     """The server's own v2 cgroup, with pids, memory and cpu enabled for its children.
 
-    A v2 cgroup with processes cannot hand controllers to children (unless it is the root): this
-    process then moves itself into a leaf ``halo-server`` of its cgroup first, once."""
+    A v2 cgroup with processes cannot hand controllers to children (unless it is the root): its
+    processes (this one and those it shares the cgroup with) then move into a leaf ``halo-server``
+    of it first, once; they stay under the same limits."""
     if _v2_parent:
         return _v2_parent[0]
     available = set((parent / "cgroup.controllers").read_text().split())
@@ -462,8 +463,15 @@ def _v2_delegated_parent(parent: Path) -> Path:
             raise
         leaf = parent / "halo-server"
         leaf.mkdir(exist_ok=True)
-        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        for pid in (parent / "cgroup.procs").read_text().split():
+            try:
+                (leaf / "cgroup.procs").write_text(pid)
+            except ProcessLookupError:  # exited meanwhile
+                pass
         _enable(parent, wanted)
+    missing = [c for c in V2_CONTROLLERS if c not in available]
+    if missing:
+        _warn_once(f"cgroup {parent} is not given the {', '.join(missing)} controller(s): the os sandbox cannot cap them there")
     _v2_parent.append(parent)
     return parent
 
