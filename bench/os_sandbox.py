@@ -8,7 +8,8 @@ standard library) and both sandboxes are started in turns (A, B, A, B, ...), so 
 machine, shared with other jobs, falls on both alike. For each: the median and p90 of ``start``
 (to the holder's ready line), the median CPU time of a start and close (this process and its
 children, user and system: what the start costs whatever the load), of ``close``, and of ``true``
-run through ``run`` (in one sandbox of each, in turns). The figures go to
+run through ``run`` (in one sandbox of each, in turns), and of ``true`` run as a check through
+``evaluate`` where the revision has it. The figures go to
 ``bench/results/os-sandbox/<date>-<time>.json``; ``python -m bench report os-sandbox`` tables them.
 """
 
@@ -78,13 +79,15 @@ def measure_commands(modules: dict, commands: int) -> dict[str, list[float]]:
         for _ in range(commands):
             for name, box in boxes.items():
                 times[name].append(box.run("true").duration_ms)
+                if hasattr(box, "evaluate"):  # a check from the trusted root (revisions that have one)
+                    times.setdefault(f"{name}-evaluate", []).append(box.evaluate("true").duration_ms)
         return times
     finally:
         for box in boxes.values():
             box.close()
 
 
-def summarize(samples: list[dict], commands: list[float]) -> dict[str, float]:
+def summarize(samples: list[dict], commands: list[float], evaluations: list[float] | None = None) -> dict[str, float]:
     def p90(values: list[float]) -> float:
         return sorted(values)[int(0.9 * (len(values) - 1))]
 
@@ -92,7 +95,8 @@ def summarize(samples: list[dict], commands: list[float]) -> dict[str, float]:
     return {"start_median_ms": statistics.median(starts), "start_p90_ms": p90(starts),
             "start_close_cpu_median_ms": statistics.median(s["cpu_ms"] for s in samples),
             "close_median_ms": statistics.median(s["close_ms"] for s in samples),
-            "command_median_ms": statistics.median(commands), "starts": len(starts), "commands": len(commands)}
+            "command_median_ms": statistics.median(commands), "starts": len(starts), "commands": len(commands),
+            **({"evaluate_median_ms": statistics.median(evaluations)} if evaluations else {})}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -117,10 +121,10 @@ def main(argv: list[str] | None = None) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
         "baseline": {"revision": args.baseline_rev, "sandbox": BASELINE_SANDBOXES.get(args.baseline_rev, "earlier revision"),
-                     **summarize(samples["baseline"], commands["baseline"])},
+                     **summarize(samples["baseline"], commands["baseline"], commands.get("baseline-evaluate"))},
         "current": {"revision": current_rev, "sandbox": "static entry helper, seccomp, own keyring, CPU quota, frozen between "
                                                          "commands, trusted evaluation root",
-                    **summarize(samples["current"], commands["current"])},
+                    **summarize(samples["current"], commands["current"], commands.get("current-evaluate"))},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
