@@ -221,6 +221,13 @@ def test_sampling_fields_that_would_shape_the_distribution_are_sent_neutral_or_r
         from halo_agent.policies.hf_policy import HFPolicy
 
         HFPolicy(model="unused", top_p=0.9)
+    # An endpoint that refuses vLLM's fields (OpenAI's) is asked again without them and without token ids.
+    from test_openai_policy import FlakyProxy
+
+    with FlakyProxy(served.url, [(400, "Unrecognized request argument supplied: top_k", {})]) as proxy:
+        out = OpenAIPolicy(model="tiny", base_url=proxy.url, max_tokens=2, temperature=1.0).act(_observation())
+    assert [("top_k" in b, "return_tokens_as_token_ids" in b) for b in proxy.bodies] == [(True, True), (False, False)]
+    assert out.api_error is None and out.completion_token_ids is None and proxy.bodies[1]["top_p"] == 1.0
     # vLLM as HALO starts it takes its own defaults, not the model's generation_config.json, unless told otherwise.
     command = vllm_command(ServeSpec("base", {}, engine="vllm"))
     assert command[command.index("--generation-config") + 1] == "vllm"
