@@ -11,7 +11,12 @@ log-probability (the model's log-softmax) of every completion token after its pr
   of its whole sequence), written token by token: the probability of each token given the tokens before it.
 
 Each completion's per-token values sum to the log-probability of drawing that choice, so the values of all
-choices describe one distribution over them (they sum to 1 in probability).
+choices describe one distribution over them (they sum to 1 in probability). These take one tokenisation per
+choice: the whole-sequence draw (``--choice-draw sequence``) scores each choice's own tokens.
+
+vLLM's grammar backends mask by text, not by one tokenisation: :class:`ChoiceMask` allows every token whose
+bytes (:func:`token_bytes`) keep the text a prefix of some choice, and EOS once it is a whole choice. HALO's
+chat server draws a guided choice under it and the trainer (``halo_train.behaviour``) rebuilds it.
 """
 
 from __future__ import annotations

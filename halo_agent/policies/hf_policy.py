@@ -9,13 +9,19 @@ protocol.
 Log-probabilities are, by default, those of the distribution each token was drawn
 from (``logprobs_mode="processed_logprobs"``, vLLM's ``--logprobs-mode
 processed_logprobs``): the softmax at the temperature, top-p applied, for plain
-sampling; the masked, renormalised distribution for a guided choice (a forced token
-0.0); at temperature 0 (greedy) the same distributions at temperature 1.
-``logprobs_mode="raw_logprobs"`` gives the model's own log-softmax of the raw logits
-instead, before temperature, top-p or mask. Each ``Generation`` names its mode and
-its draw (``masked_choice``, ``sequence_choice``, ``sample``, ``greedy``), and its
-``token_ids`` are the tokens generated, EOS included where generation stopped on it,
-one logprob each.
+sampling; the masked, renormalised distribution for a guided choice under vLLM's
+string-prefix mask (a forced token 0.0); at temperature 0 (greedy) the same distributions
+at temperature 1. ``logprobs_mode="raw_logprobs"`` gives the model's own log-softmax of the
+raw logits instead, before temperature and top-p; under a guided choice's mask, which vLLM
+applies to the logits before its sampler, the masked distribution at temperature 1. Each
+``Generation`` names its mode and its draw (``masked_choice``, ``sequence_choice``,
+``sample``, ``greedy``), and its ``token_ids`` are the tokens generated, EOS included where
+generation stopped on it, one logprob each.
+
+No sampling default of the model folder's generation_config.json reaches a draw: the model
+generates from a blank generation config with every distribution-shaping parameter neutral
+(``NEUTRAL_SAMPLING``), the temperature and a request's top_p aside. A text model's prompt is
+``halo_data.prompts.text_messages``, the rendering the trainers score.
 """
 
 from __future__ import annotations
