@@ -241,6 +241,7 @@ class OSEnv:
         max_processes: int = 64,
         output_limit: int = 8192,
         rootfs: str = "/",
+        cpus: float = 1.0,
         **_: Any,
     ) -> None:
         self.task_file = task_file
@@ -248,7 +249,7 @@ class OSEnv:
         self.reward_map = RewardMap.parse(reward_map)
         self.sandbox_config = SandboxConfig(
             timeout_s=float(timeout_s), memory_mb=int(memory_mb), max_processes=int(max_processes),
-            output_limit=int(output_limit), rootfs=rootfs,
+            output_limit=int(output_limit), rootfs=rootfs, cpus=float(cpus),
         )
         self.session: OSSession | None = None
 
