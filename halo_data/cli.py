@@ -158,7 +158,8 @@ def describe(name: str, lake_path: str) -> None:
         click.echo(f"{r[0].ljust(width)}  {r[1].ljust(twidth)}  {docs.get(r[0], '')}".rstrip())
 
 
-EXPORT_FORMATS = ("jsonl", "parquet", "atif", "hf")
+EXPORT_FORMATS = ("jsonl", "parquet", "atif", "hf", "otel")
+EPISODE_FORMATS = ("atif", "otel")  # whole episodes: OUTPUT alone takes every episode of the lake
 
 
 @main.command()
@@ -167,7 +168,7 @@ EXPORT_FORMATS = ("jsonl", "parquet", "atif", "hf")
 @LAKE_OPTION
 @click.option("--format", "fmt", metavar="FORMAT",
               help=f"{' | '.join(EXPORT_FORMATS)}. Default: from OUTPUT's suffix (.parquet, else jsonl).")
-@click.option("--where", help="SQL filter on the view's columns (atif: an episode is exported when one of its rows matches).")
+@click.option("--where", help="SQL filter on the view's columns (atif, otel: an episode is exported when one of its rows matches).")
 @click.option("--top-percent", type=float, help="Top-percent cut of progress_ranking (bc_rows).")
 @click.option("--set", "view_params", multiple=True, metavar="NAME=VALUE", help=f"View parameter: {PARAM_NAMES}.")
 @click.option("--as-of", help="Read an older snapshot (see query).")
@@ -178,12 +179,13 @@ EXPORT_FORMATS = ("jsonl", "parquet", "atif", "hf")
 def export(view: str, output: str | None, lake_path: str, fmt: str | None, where: str | None, top_percent: float | None,
            view_params, as_of: str | None, split_by: str | None, hub_repo: str | None, private: bool) -> None:
     """Write VIEW to OUTPUT: JSONL in TRL's column names (prompt/completion, prompt/chosen/rejected), Parquet,
-    a Hugging Face dataset folder (--format hf), or ATIF documents of whole episodes (--format atif [VIEW] OUTPUT)."""
+    a Hugging Face dataset folder (--format hf), or whole episodes (--format atif|otel [VIEW] OUTPUT): ATIF
+    documents, or OpenTelemetry GenAI traces in OTLP JSON."""
     if fmt is not None and fmt not in EXPORT_FORMATS:
         fail(f"unknown export format {fmt!r}: use {', '.join(EXPORT_FORMATS)}")
     if output is None:
-        if fmt != "atif":
-            fail("missing OUTPUT: halo-data export VIEW OUTPUT (only --format atif takes OUTPUT alone)")
+        if fmt not in EPISODE_FORMATS:
+            fail("missing OUTPUT: halo-data export VIEW OUTPUT (only --format atif or otel takes OUTPUT alone)")
         view, output = "steps", view
     if fmt != "hf" and (split_by or hub_repo or private):
         fail("--split-by, --push-to-hub and --private are options of --format hf")
@@ -194,6 +196,12 @@ def export(view: str, output: str | None, lake_path: str, fmt: str | None, where
 
         episodes, images = export_atif(lake, output, view=view, where=where, params=params, as_of=as_of)
         click.echo(f"{episodes} episodes written as ATIF to {output} ({images} screenshots)")
+        return
+    if fmt == "otel":
+        from halo_data.otel import export_otel
+
+        episodes, spans = export_otel(lake, output, view=view, where=where, params=params, as_of=as_of)
+        click.echo(f"{episodes} episodes written as OTLP JSON traces to {output} ({spans} spans)")
         return
     if fmt == "hf":
         from halo_data.hf_dataset import export_hf, push_to_hub

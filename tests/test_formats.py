@@ -288,7 +288,7 @@ def test_bad_input_is_one_line_and_leaves_the_lake_as_it_was(source_lake, tmp_pa
     result = cli("import", str(missing), "--format", "atiff", "--lake", source_lake.root)
     assert result.exit_code == 1 and error_line(result) == "Error: unknown import format 'atiff': use auto, agisdk, jsonl, atif"
     result = cli("export", "bc_rows", str(tmp_path / "x"), "--format", "arrow", "--lake", source_lake.root)
-    assert result.exit_code == 1 and error_line(result) == "Error: unknown export format 'arrow': use jsonl, parquet, atif, hf"
+    assert result.exit_code == 1 and error_line(result) == "Error: unknown export format 'arrow': use jsonl, parquet, atif, hf, otel"
     result = cli("export", "mcts_pairs", str(tmp_path / "empty"), "--format", "hf", "--lake", source_lake.root)
     assert result.exit_code == 1 and error_line(result) == "Error: view mcts_pairs has no rows: nothing to export"
     result = cli("export", "--format", "atif", str(tmp_path / "none"), "--where", "task_id = 'nope'", "--lake", source_lake.root)
@@ -447,3 +447,46 @@ def test_importing_a_missing_source_is_one_line(tmp_path):
     result = cli("import", str(tmp_path / "nowhere.json"), "--lake", str(tmp_path / "lake"))
     assert result.exit_code == 1 and error_line(result) == f"Error: {tmp_path / 'nowhere.json'} does not exist"
     assert not (tmp_path / "lake").exists()
+
+
+def test_otel_export_is_one_genai_trace_per_episode_in_otlp_json(source_lake, tmp_path):
+    out = tmp_path / "traces.jsonl"
+    result = cli("export", "--format", "otel", str(out), "--lake", source_lake.root)
+    assert result.exit_code == 0, result.output
+    steps = _steps(source_lake)
+    requests = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(requests) == len({r["episode_id"] for r in steps})
+
+    def attrs(span):  # OTLP JSON: typed values, 64-bit integers as strings
+        out = {}
+        for a in span["attributes"]:
+            (kind, value), = a["value"].items()
+            assert kind in ("stringValue", "boolValue", "intValue", "doubleValue")
+            out[a["key"]] = int(value) if kind == "intValue" else value
+        return out
+
+    by_conversation = {}
+    for req in requests:
+        (resource,) = req["resourceSpans"]
+        (scope,) = resource["scopeSpans"]
+        spans = scope["spans"]
+        root = spans[0]
+        assert root["name"] == "invoke_agent halo" and "parentSpanId" not in root
+        for span in spans:
+            assert re.fullmatch(r"[0-9a-f]{32}", span["traceId"]) and span["traceId"] == root["traceId"]
+            assert re.fullmatch(r"[0-9a-f]{16}", span["spanId"]) and span["kind"] in (1, 3)
+            assert int(span["startTimeUnixNano"]) < int(span["endTimeUnixNano"]) <= int(root["endTimeUnixNano"])
+        assert all(s["parentSpanId"] == root["spanId"] for s in spans[1:])
+        by_conversation[attrs(root)["gen_ai.conversation.id"]] = spans
+    token_id = next(r["episode_id"] for r in steps if r["run_id"] == TOKEN_RUN)
+    spans = by_conversation[token_id]
+    assert [s["name"] for s in spans] == ["invoke_agent halo"] + ["chat smollm2-135m-instruct", "execute_tool browser_action"] * 3
+    chat, tool = attrs(spans[1]), attrs(spans[2])
+    assert (chat["gen_ai.operation.name"], chat["gen_ai.provider.name"], chat["gen_ai.usage.output_tokens"]) == ("chat", "hf", 6)
+    assert [m["role"] for m in json.loads(chat["gen_ai.input.messages"])] == ["system", "user"]
+    assert json.loads(chat["gen_ai.output.messages"])[0]["parts"][0]["content"] == "click('4')"
+    assert (tool["gen_ai.tool.name"], tool["gen_ai.tool.call.id"], json.loads(tool["gen_ai.tool.call.arguments"])) == (
+        "browser_action", "call_0", {"action": "click('4')"})
+    assert attrs(spans[0])["halo.success"] is True
+    real_id = next(r["episode_id"] for r in steps if r["run_id"] == REAL_RUN)
+    assert {s["name"] for s in by_conversation[real_id]} == {"invoke_agent halo", "execute_tool browser_action"}  # random: no model
