@@ -33,9 +33,9 @@ of each choice's own tokens instead). Other sampling fields of vLLM's (``top_k``
 ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_tokens``) are accepted at their
 neutral values only. The prompt is prefilled once
 per request, from where it parts from a recent prompt's KV cache (``--prompt-cache-size`` prompts are kept,
-as vLLM's automatic prefix caching), and the masked draw walks the choices token by token from that cache,
-running the model only where the drawn path parts from other choices; ``--score-mode full`` scores every
-choice after the whole prompt instead, as this server did before (same draw, slower).
+as vLLM's automatic prefix caching), and the masked draw walks token by token from that cache, running the
+model only where more than one token is allowed; ``--score-mode full`` prefills the whole prompt afresh for
+each request instead (same draw, slower; ``--choice-draw sequence``: every choice scored after the whole prompt).
 
 Requests that arrive together are batched, as vLLM's scheduler batches them (:class:`EngineLoop`): one engine
 thread owns the model; the HTTP threads queue their requests and wait. The engine takes everything queued (at
@@ -518,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                              "drawn from: temperature, top-p, a guided choice's mask) | raw_logprobs (the model's log-softmax)")
     parser.add_argument("--score-mode", choices=SCORE_MODES, default="cached",
                         help="how a guided choice is scored: cached (the prompt prefilled once, reusing a recent prompt's "
-                             "prefix, and the masked draw walking only the drawn path) | full (every choice after the whole "
-                             "prompt, each request afresh: this server's scoring before 2026-11-27)")
+                             "prefix, and the masked draw walking only the drawn path) | full (the whole prompt prefilled "
+                             "afresh for each request; with --choice-draw sequence every choice scored after it)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch's threads for one forward (default: torch's, one per core)")
     parser.add_argument("--prompt-cache-size", type=int, default=8, metavar="N", help="prompts whose KV caches are kept")
