@@ -135,6 +135,20 @@ def test_nothing_written_inside_forges_a_grade(attack):
         session.close()
 
 
+def test_nothing_left_running_acts_during_the_check():
+    """A watcher left in the background waits for the check to start and then writes what it looks for
+    (it could as well ptrace the check: same user, same capabilities): the check runs while it is frozen."""
+    check = Script(": halo-check-marker; sleep 1; test -f /srv/halo-solved")
+    session = _session(check)
+    try:
+        session.run_command("(while ! pgrep -f 'halo-check-mark[e]r' >/dev/null; do sleep 0.02; done; "
+                            "touch /srv/halo-solved) > /dev/null 2>&1 & echo watching")
+        assert session.evaluate("finished") == "incorrect"
+        assert session.sandbox.run("pgrep -fc 'while ! pgrep'").output.strip() == "1"  # the watcher was there all along
+    finally:
+        session.close()
+
+
 def test_a_check_stalled_on_a_fifo_or_a_fork_bomb_pays_no_more_than_a_wrong_answer():
     rewards = RewardMap()
     for stall in ("mkfifo /srv/answer", ":(){ :|:& };: ; mkfifo /srv/answer"):

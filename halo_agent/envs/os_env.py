@@ -12,8 +12,8 @@ OS answers "The output of the OS: ..."; after ``max_rounds`` commands (5 by defa
 the task's evaluation script decides (exit 0: correct), run from trusted tools
 (``Sandbox.evaluate``: the host's interpreters and loader, the sandbox's data only). A check that
 fails, times out or cannot run makes the outcome ``incorrect``: no failure pays better than a wrong
-answer, so a policy gains nothing by stalling the check (a fifo where a file should be, processes
-left spinning) or by breaking the sandbox. ``unknown`` is LifelongAgentBench's outcome for a sample
+answer, so a policy gains nothing by stalling the check (a fifo where a file should be) or by
+breaking the sandbox. ``unknown`` is LifelongAgentBench's outcome for a sample
 never evaluated; HALO's evaluation does not give it.
 
 Steps land in the lake like browser steps, with ``env = 'os'``: the prompt is the chat history

@@ -50,8 +50,10 @@ evaluation runs (only what it checks). How each part is enforced:
 - **Resources.** Each sandbox has a cgroup (v2, or v1's pids, memory, cpu and freezer hierarchies)
   *under the server's own cgroup*, so the server's limits bound its sandboxes: ``pids.max`` (a fork
   bomb stops there), memory, and a CPU quota (``cpus``: ``cpu.max`` or ``cpu.cfs_quota_us``). When a
-  command returns, the sandbox's processes are frozen until the next command or the evaluation
-  (background processes persist, as tasks may need them, but spend no CPU meanwhile). rlimits:
+  command returns, the sandbox's processes are frozen until the next command (background processes
+  persist, as tasks may need them, but spend no CPU meanwhile), and they stay frozen through the
+  evaluation: nothing a command left runs while the check does (it could otherwise rewrite what the
+  check reads as it reads it, or ptrace the check: same user, same capabilities). rlimits:
   ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC``. Where no cgroup can be made, a
   warning says so and the rlimits remain.
 - **Time and output.** A command gets ``timeout_s`` of wall time (20 s by default); then its whole
@@ -790,7 +792,8 @@ class Sandbox:
         return self._execute(script, timeout_s, interpreter, "run")
 
     def evaluate(self, script: str, timeout_s: float | None = None, interpreter: str = "bash") -> CommandResult:
-        """Run a check from trusted tools: the host's interpreters and loader, the sandbox's data only."""
+        """Run a check from trusted tools (the host's interpreters and loader, the sandbox's data only),
+        while every process the commands left stays frozen."""
         return self._execute(script, timeout_s, interpreter, "eval")
 
     def _execute(self, script: str, timeout_s: float | None, interpreter: str, mode: str) -> CommandResult:
@@ -804,7 +807,9 @@ class Sandbox:
             os.write(script_fd, encoded)
             os.lseek(script_fd, 0, os.SEEK_SET)
         if self._cgroup is not None:
-            self._cgroup.freeze(False)
+            # A command runs along with what earlier ones left running; a check runs while all of it stays
+            # frozen: nothing a command left can change the state under the check, signal or ptrace it.
+            self._cgroup.freeze(mode == "eval")
         started = time.perf_counter()
         try:
             proc = subprocess.Popen(
