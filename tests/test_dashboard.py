@@ -490,6 +490,9 @@ def test_online_run_against_policy_version_warns_when_learning_stalls(monkeypatc
         for step, value in enumerate(zero_std):
             for metric, v in (("policy_version", float(step)), ("frac_reward_zero_std", value), ("success_rate/heldout", 0.1 * step)):
                 rows.append({"run_id": run_id, "step": step, "metric": metric, "value": v, "logged_at": now})
+    for step in range(4):  # what online-ok's updates did: rows produced and trained, how far each moved the adapter
+        for metric, v in (("rows_produced", 60.0), ("rows_trained", 48.0), ("displacement_from_previous", 0.01 * (step + 1))):
+            rows.append({"run_id": "online-ok", "step": step, "metric": metric, "value": v, "logged_at": now})
     append_rows(lake, "train_metrics", rows)
 
     at = open_app(monkeypatch, lake.root, "training")
@@ -498,9 +501,11 @@ def test_online_run_against_policy_version_warns_when_learning_stalls(monkeypatc
     warnings = [w.value for w in at.warning]
     assert len(warnings) == 1
     assert warnings[0].startswith("online-flat: frac_reward_zero_std stayed above 0.5 for its last 3 iterations (0.75, 0.75, 1.00)")
-    # One per-step curve (the default metric, frac_reward_zero_std) and two per-version charts (held-out success, zero-std).
+    # One per-step curve (the default metric, frac_reward_zero_std), two per-version charts (held-out success, zero-std)
+    # and two of what the updates did (rows; displacement).
     assert at.multiselect(key="training_metrics").value == ["frac_reward_zero_std"]
-    assert len(at.get("vega_lite_chart")) == 3
+    assert "What each update did, per iteration" in texts(at)
+    assert len(at.get("vega_lite_chart")) == 5
 
 
 def test_overview_shows_cost_per_mode(monkeypatch, tmp_path):

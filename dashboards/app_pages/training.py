@@ -1,4 +1,5 @@
-"""Training: metric curves from train_metrics per training run, each run's lineage, and online runs per policy_version.
+"""Training: metric curves from train_metrics per training run, each run's lineage, and online runs per policy_version,
+with what each of their updates did per iteration (rows trained, displacement, KL, entropy, spread, seconds).
 
 Online runs (``halo-train online-grpo``) log one row per metric and iteration, with the iteration's
 ``policy_version`` among them; their curves are drawn against it, and a run whose
@@ -60,7 +61,7 @@ WITH versions AS (
     FROM train_metrics
     WHERE metric = 'policy_version' AND list_contains($runs, run_id)
 )
-SELECT m.run_id, v.policy_version, m.metric, m.value
+SELECT m.run_id, m.step AS iteration, v.policy_version, m.metric, m.value
 FROM train_metrics AS m
 JOIN versions AS v USING (run_id, step)
 WHERE m.metric != 'policy_version'
@@ -70,6 +71,28 @@ ORDER BY m.run_id, m.metric, v.policy_version
 STALL_ZERO_STD = 0.5
 STALL_ITERATIONS = 3
 ONLINE_METRICS = ("success_rate/heldout", "success_rate/train", "rewards/mean", "frac_reward_zero_std")
+# What each online update did (halo_train.learner), one chart per panel, one line per run and metric, per iteration.
+UPDATE_PANELS = {
+    "rows: produced by the iteration, trained by its update": ("rows_produced", "rows_trained"),
+    "adapter displacement: this update, and from the base": ("displacement_from_previous", "displacement_from_base"),
+    "approx KL(new || old) and clip fraction": ("approx_kl", "clip_ratio"),
+    "entropy of the sampled distribution": ("entropy",),
+    "groups with spread: in success, in shaping only, anchor states": (
+        "groups_success_spread", "groups_shaping_spread_only", "anchor_groups_with_spread"),
+    "share of the advantage from the step term": ("step_advantage_share",),
+    "update seconds: load, train, measure, save, reload": (
+        "update_load_seconds", "update_train_seconds", "update_measure_seconds", "update_save_seconds", "reload_seconds"),
+}
+
+
+def update_panels(online: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Title -> the rows of its metrics that the runs logged (panels with none are left out)."""
+    out = {}
+    for title, metrics in UPDATE_PANELS.items():
+        rows = online[online.metric.isin(metrics)]
+        if not rows.empty:
+            out[title] = rows
+    return out
 
 
 def stalled_runs(online: pd.DataFrame, threshold: float = STALL_ZERO_STD, window: int = STALL_ITERATIONS) -> dict[str, list[float]]:
@@ -102,6 +125,24 @@ def _online(snap: data.Snapshot, run_ids: list[str]) -> None:
                 x=alt.X("policy_version:Q", title="policy_version"), y=alt.Y("value:Q", title=metric),
                 color=alt.Color("run_id:N", title="run"), tooltip=["run_id", "policy_version", "value"],
             ).properties(title=metric),
+            width="stretch",
+        )
+    _updates(online)
+
+
+def _updates(online: pd.DataFrame) -> None:
+    panels = update_panels(online)
+    if not panels:
+        return
+    st.subheader("What each update did, per iteration")
+    columns = st.columns(2)
+    for i, (title, rows) in enumerate(panels.items()):
+        columns[i % 2].altair_chart(
+            alt.Chart(rows).mark_line(point=True).encode(
+                x=alt.X("iteration:Q", title="iteration"), y=alt.Y("value:Q", title=None),
+                color=alt.Color("run_id:N", title="run"), strokeDash=alt.StrokeDash("metric:N", title="metric"),
+                tooltip=["run_id", "iteration", "metric", "value"],
+            ).properties(title=title),
             width="stretch",
         )
 
