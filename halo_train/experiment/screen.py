@@ -155,26 +155,30 @@ def screen(runner, output: Path, tasks: list[str] | None = None, arms: tuple[str
     """Screen ``tasks`` (default: every candidate) with ``arms`` and merge the figures into ``output``."""
     p = runner.p
     spec = screening_spec(p)
-    all_tasks = candidates(p)
-    tasks = p.tasks(tuple(tasks)) if tasks else all_tasks
-    data = json.loads(output.read_text()) if output.exists() else {}
-    data.setdefault("tasks", {})
+    tasks = p.tasks(tuple(tasks)) if tasks else candidates(p)
+    measured: dict[str, dict[str, Any]] = {t: {} for t in tasks}
     if "first_pages" in arms:
         for task, row in screen_first_pages(p, list(tasks), echo).items():
-            data["tasks"].setdefault(task, {})["first_pages"] = row
+            measured[task]["first_pages"] = row
     policy_arms = [a for a in arms if a in SCREEN_ARMS]
     if policy_arms:
         for task, row in screen_arms(runner, list(tasks), policy_arms, seeds).items():
-            data["tasks"].setdefault(task, {}).update(row)
-    for task, row in data["tasks"].items():
+            measured[task].update(row)
+    # Read the file at the end, not the start: another screening call may have written it meanwhile.
+    data = json.loads(output.read_text()) if output.exists() else {}
+    for task, row in measured.items():
+        data.setdefault("tasks", {}).setdefault(task, {}).update(row)
+    for row in data.get("tasks", {}).values():
         row["breaks"] = verdict(row, spec["rules"])
+    at = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     data.update({"protocol": p.name, "observation": p.interface["observation"], "max_steps": p.interface["max_steps"],
-                 "dev_first": int(spec["dev_first"]), "rules": spec["rules"],
-                 "screened_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+                 "dev_first": int(spec["dev_first"]), "rules": spec["rules"], "screened_at": at})
     data.setdefault("stages", []).append({"tasks": list(tasks), "arms": list(arms), "seeds": seeds or spec["dev_seeds"],
-                                          **code_identity(), "at": data["screened_at"]})
+                                          **code_identity(), "at": at})
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp = output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(output)
     return data
 
 
