@@ -151,7 +151,7 @@ def test_nothing_left_running_acts_during_the_check():
 
 def test_a_check_stalled_on_a_fifo_or_a_fork_bomb_pays_no_more_than_a_wrong_answer():
     rewards = RewardMap()
-    for stall in ("mkfifo /srv/answer", ":(){ :|:& };: ; mkfifo /srv/answer"):
+    for stall in ("mkfifo /srv/answer", "mkfifo /srv/answer; :(){ :|:& };:"):
         session = _session(Script("grep -q yes /srv/answer"), SandboxConfig(timeout_s=1.5, max_processes=48))
         try:
             session.run_command(stall)
@@ -275,7 +275,7 @@ def test_sandboxes_of_a_server_killed_with_sigkill_are_gone_at_the_next_start(se
     task.reset(new_session(task, "files-make-dirs"))
     own = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{process.pid}/cgroup").read_text().splitlines())
     left = [folder for controller, path in own.items() if controller in ("pids", "")
-            for folder in Path("/sys/fs/cgroup", controller, path.lstrip("/")).glob(f"halo-sandbox-{process.pid}-*")]
+            for folder in Path("/sys/fs/cgroup", controller, path.lstrip("/")).glob(f"halo-sandbox-*-{process.pid}-*")]
     assert left  # the open sample's cgroups, named after the server
     pids = [int(p) for folder in left for p in (folder / "cgroup.procs").read_text().split()]
     assert pids  # its holder, at least

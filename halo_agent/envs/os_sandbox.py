@@ -71,7 +71,7 @@ evaluation runs (only what it checks). How each part is enforced:
   PID 1 reaps every orphan, so no zombie is left behind.
 - **Lifetime.** ``close`` kills the holder: the kernel kills every process left in the PID
   namespace, and the mounts vanish with the mount namespace; the cgroups are removed. A sandbox's
-  cgroups are named after the process that made it (its pid and start time): if that process dies
+  cgroups are named after the process that made it (its PID namespace, pid and start time): if that process dies
   without closing them (``SIGKILL``), the next sandbox made on the host (``reap_stale_sandboxes``, run
   once per process) kills what is left in them and removes them.
 
@@ -412,7 +412,7 @@ CGROUP_PREFIX = "halo-sandbox-"
 V1_CONTROLLERS = ("pids", "memory", "cpu", "freezer")
 V2_CONTROLLERS = ("pids", "memory", "cpu")
 CPU_PERIOD_US = 100_000
-_STALE_NAME = re.compile(rf"^{CGROUP_PREFIX}(\d+)-(\d+)-[0-9a-f]+(-eval)?$")
+_STALE_NAME = re.compile(rf"^{CGROUP_PREFIX}(\d+)-(\d+)-(\d+)-[0-9a-f]+(-eval)?$")  # pid namespace, pid, start
 
 
 def _process_start(pid: int) -> int | None:
@@ -526,8 +526,8 @@ class _Cgroup:
 
     def pids(self) -> list[int]:
         folder = self.dirs.get("") or self.dirs.get("pids") or next(iter(self.dirs.values()), None)
-        try:
-            return [int(p) for p in (folder / "cgroup.procs").read_text().split()] if folder else []
+        try:  # 0: a process of another PID namespace (never a pid to signal)
+            return [pid for p in (folder / "cgroup.procs").read_text().split() if (pid := int(p)) > 0] if folder else []
         except OSError:
             return []
 
@@ -587,8 +587,9 @@ _reap_lock = threading.Lock()
 def reap_stale_sandboxes(force: bool = False) -> int:
     """Kill and remove the sandboxes whose maker died without closing them (e.g. a server killed with SIGKILL).
 
-    Their cgroups, next to this process's, are named after the maker's pid and start time; a maker that
-    is gone (or whose pid now belongs to another process) leaves them stale. Killing their processes
+    Their cgroups, next to this process's, are named after the maker's PID namespace, pid and start
+    time; a maker of this PID namespace that is gone (or whose pid now belongs to another process)
+    leaves them stale. Killing their processes
     kills each holder, and with it the sandbox's namespaces and mounts. Runs once per process unless
     ``force``; returns how many sandboxes it removed."""
     with _reap_lock:
@@ -609,9 +610,9 @@ def reap_stale_sandboxes(force: bool = False) -> int:
                 match = _STALE_NAME.match(child.name)
                 if match is None or not child.is_dir():
                     continue
-                pid, started = int(match.group(1)), int(match.group(2))
-                if pid == os.getpid() or _process_start(pid) == started:
-                    continue  # its maker still runs
+                namespace, pid, started = int(match.group(1)), int(match.group(2)), int(match.group(3))
+                if namespace != _pid_namespace() or pid == os.getpid() or _process_start(pid) == started:
+                    continue  # its maker still runs (or is one this process cannot see: not its to judge)
                 stale.setdefault(child.name, {})[hierarchy] = child
         for name, dirs in stale.items():
             group = _Cgroup.existing(name, dirs)
@@ -623,8 +624,12 @@ def reap_stale_sandboxes(force: bool = False) -> int:
         return sandboxes
 
 
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 def _cgroup_name() -> str:
-    return f"{CGROUP_PREFIX}{os.getpid()}-{_process_start(os.getpid()) or 0}-{uuid.uuid4().hex[:12]}"
+    return f"{CGROUP_PREFIX}{_pid_namespace()}-{os.getpid()}-{_process_start(os.getpid()) or 0}-{uuid.uuid4().hex[:12]}"
 
 
 _warned: set[str] = set()
