@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
                   "by_dtype": {d: score(model, rows, d) for d in dtypes}}
     text = json.dumps(result, indent=2)
     print(text)
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "ratios" / f"{args.engine}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "ratios" / f"{args.engine}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     print(f"written to {out}", file=sys.stderr)

@@ -95,7 +95,8 @@ def test_every_sampling_path_starts_at_ratio_one_whatever_the_models_generation_
     obs = _observation()
     rows: dict[str, list[dict]] = {}
     for temperature in (TEMPERATURE, 0.0):  # transformers' generate, sampled and greedy
-        policy = HFPolicy(model=model_dir, temperature=temperature, n=2 if temperature else 1, max_new_tokens=8, device="cpu", seed=4)
+        policy = HFPolicy(model=model_dir, temperature=temperature, n=2 if temperature else 1, max_new_tokens=8,
+                          device="cpu", seed=4)
         policy.act(obs)
         rows[f"hf {policy.last_samples[0].draw}"] = [row_of(s, obs.messages, temperature) for s in policy.last_samples]
     for constrain in (False, True):  # HALO's chat server, as vLLM serves it
@@ -227,7 +228,7 @@ def test_sampling_fields_that_would_shape_the_distribution_are_sent_neutral_or_r
     with FlakyProxy(served.url, [(400, "Unrecognized request argument supplied: top_k", {})]) as proxy:
         out = OpenAIPolicy(model="tiny", base_url=proxy.url, max_tokens=2, temperature=1.0).act(_observation())
     assert [("top_k" in b, "return_tokens_as_token_ids" in b) for b in proxy.bodies] == [(True, True), (False, False)]
-    assert out.api_error is None and out.completion_token_ids is None and proxy.bodies[1]["top_p"] == 1.0
+    assert out.api_error is None and out.completion_token_ids is None and proxy.bodies[0]["top_p"] == 1.0
     # vLLM as HALO starts it takes its own defaults, not the model's generation_config.json, unless told otherwise.
     command = vllm_command(ServeSpec("base", {}, engine="vllm"))
     assert command[command.index("--generation-config") + 1] == "vllm"

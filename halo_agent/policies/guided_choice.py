@@ -168,7 +168,7 @@ def _decoder_kind(tokenizer) -> str:
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's map of each byte to the printable character byte-level BPE writes it as."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     extra = 0
     for b in range(256):

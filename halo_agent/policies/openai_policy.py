@@ -80,7 +80,7 @@ TOKEN_ID_PREFIX = "token_id:"
 # vLLM's sampling fields, sent with every token-exact request at their neutral values: a ``vllm serve`` that takes
 # the model's generation_config.json as default sampling parameters (``--generation-config auto``: Qwen2.5's
 # repetition_penalty 1.05, top_k 20, top_p 0.8) then still samples from, and reports the logprobs of, the
-# distribution the step stores (its temperature alone). An endpoint that refuses them (OpenAI's) is asked again
+# distribution the step stores (its temperature alone). ``top_p`` 1 goes with them unless the policy sets it. An endpoint that refuses them (OpenAI's) is asked again
 # without them and without token ids: its samples carry no token ids, so no trainer takes a ratio on them.
 NEUTRAL_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
                     "presence_penalty": 0.0, "min_tokens": 0}
@@ -438,7 +438,8 @@ class OpenAIPolicy:
         n = self.n if n is None else n
         if n > 1:
             params["n"] = n
-        params["top_p"] = 1.0 if self.top_p is None else self.top_p
+        if self.top_p is not None:
+            params["top_p"] = self.top_p
         if "max_tokens" in self._dropped_params:
             params["max_completion_tokens"] = self.max_tokens
         else:
@@ -446,7 +447,8 @@ class OpenAIPolicy:
         if self.want_logprobs and "logprobs" not in self._dropped_params:
             params["logprobs"] = True
             if TOKEN_IDS_PARAM not in self._dropped_params:
-                params["extra_body"] = {**params.get("extra_body", {}), TOKEN_IDS_PARAM: True, **NEUTRAL_SAMPLING}
+                neutral = NEUTRAL_SAMPLING if self.top_p is not None else {**NEUTRAL_SAMPLING, "top_p": 1.0}
+                params["extra_body"] = {**params.get("extra_body", {}), TOKEN_IDS_PARAM: True, **neutral}
         if self._seed is not None and "seed" not in self._dropped_params:
             # A per-step seed: the same episode seed replays the same samples where the endpoint honours seeds.
             digest = hashlib.sha256(f"{self._seed}\x1f{step_idx}".encode()).digest()
@@ -498,7 +500,8 @@ class OpenAIPolicy:
 
     def _unsupported_param(self, error: Exception, params: dict[str, Any]) -> str | None:
         message = str(getattr(error, "message", error)).lower()
-        if TOKEN_IDS_PARAM in params.get("extra_body", {}) and any(f in message for f in (TOKEN_IDS_PARAM, *NEUTRAL_SAMPLING)):
+        group = (TOKEN_IDS_PARAM, *NEUTRAL_SAMPLING, "top_p")  # sent together with token ids, dropped together
+        if TOKEN_IDS_PARAM in params.get("extra_body", {}) and any(f in message for f in group):
             return TOKEN_IDS_PARAM  # OpenAI: "Unrecognized request argument supplied: return_tokens_as_token_ids"
         for name in _OPTIONAL_PARAMS:
             if name in params and name not in self._dropped_params and name in message and (
