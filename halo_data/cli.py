@@ -223,10 +223,12 @@ def export(view: str, output: str | None, lake_path: str, fmt: str | None, where
 @LAKE_OPTION
 @click.option("--run-id", help="Run id for the imported episodes (default: derived from each source).")
 @click.option("--format", "fmt", metavar="FORMAT", default="auto", show_default=True,
-              help="auto | agisdk | jsonl | atif (auto: ATIF .json/.jsonl documents are recognised by their schema_version).")
+              help="auto | agisdk | jsonl | atif | art (auto: ATIF .json/.jsonl documents are recognised by their "
+                   "schema_version, ART's Parquet trajectory logs by their columns).")
 @run_cli
 def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: str) -> None:
-    """Import agisdk result folders, per-episode JSONL trajectories or ATIF documents (creating the lake if missing)."""
+    """Import agisdk result folders, per-episode JSONL trajectories, ATIF documents or ART's Parquet trajectory logs
+    (creating the lake if missing)."""
     from halo_data.importers import IMPORT_FORMATS, import_sources
 
     if fmt not in IMPORT_FORMATS:

@@ -68,6 +68,12 @@ Harbor's trajectory format (``halo_data.atif``): a ``.json`` file holding one
 document, or a ``.jsonl`` file of one document per line, recognised by its
 ``"schema_version": "ATIF-..."``. Each document is one episode; one that is not
 valid ATIF is reported (``FILE:LINE:`` in JSONL) and the file's others still land.
+
+ART trajectory logs
+-------------------
+OpenPipe ART's Parquet files (``halo_data.art``), one trajectory per row,
+recognised by their columns; a row that cannot be read is reported as
+``FILE:row N:`` and the file's other rows still land.
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ from halo_data.writer import EpisodeWriter, Screenshot
 log = logging.getLogger(__name__)
 
 FLUSH_EPISODES = 50
-IMPORT_FORMATS = ("auto", "agisdk", "jsonl", "atif")
+IMPORT_FORMATS = ("auto", "agisdk", "jsonl", "atif", "art")
 _AGISDK_DIR = re.compile(r"_on_(?P<task>.+)_(?P<seed>\d+)_[0-9a-f]{32}(?:_\d+)?$")
 _STEP_PICKLE = re.compile(r"^step_(\d+)\.pkl\.gz$")
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -138,6 +144,7 @@ def _record(where: str, record: type, **fields: Any) -> Any:
 # ---------------------------------------------------------------------- discovery
 def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[str, Path]]:
     """(format, path) of every episode source under ``paths``: agisdk folders and JSONL files, sorted."""
+    from halo_data import art
     from halo_data.atif import sniff
 
     if fmt not in IMPORT_FORMATS:
@@ -150,6 +157,8 @@ def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[s
         if path.is_file():
             if fmt == "agisdk" or (fmt == "auto" and path.name == "summary_info.json"):
                 found.append(("agisdk", path.parent))
+            elif fmt == "art" or (fmt == "auto" and path.suffix == ".parquet"):
+                found.append(("art", path))
             elif fmt == "atif" or (fmt == "auto" and (path.suffix == ".json" or sniff(path))):
                 found.append(("atif", path))
             else:
@@ -157,6 +166,8 @@ def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[s
             continue
         if fmt in ("auto", "agisdk"):
             found += [("agisdk", p.parent) for p in path.rglob("summary_info.json")]
+        if fmt in ("auto", "art"):
+            found += [("art", p) for p in path.rglob("*.parquet") if art.sniff(p)]
         atif: set[Path] = set()
         if fmt in ("auto", "atif"):
             atif = {p for pattern in ("*.json", "*.jsonl") for p in path.rglob(pattern) if sniff(p)}
@@ -676,10 +687,11 @@ def _read(kind: str, path: Path, run_id: str | None) -> ImportedEpisode:
 
 def iter_episodes(sources: list[tuple[str, Path]], run_id: str | None, failures: list[str]) -> Iterator[ImportedEpisode]:
     for kind, path in sources:
-        if kind == "atif":  # a file may hold many documents, each landing or failing alone
+        if kind in ("atif", "art"):  # a file may hold many episodes, each landing or failing alone
+            from halo_data.art import read_art_source
             from halo_data.atif import read_atif_source
 
-            yield from read_atif_source(path, run_id, failures)
+            yield from (read_atif_source if kind == "atif" else read_art_source)(path, run_id, failures)
             continue
         try:
             yield _read(kind, path, run_id)

@@ -286,7 +286,7 @@ def test_bad_input_is_one_line_and_leaves_the_lake_as_it_was(source_lake, tmp_pa
         result = cli("import", str(path), "--lake", source_lake.root)
         assert result.exit_code == 1 and error_line(result) == f"Error: {message}"
     result = cli("import", str(missing), "--format", "atiff", "--lake", source_lake.root)
-    assert result.exit_code == 1 and error_line(result) == "Error: unknown import format 'atiff': use auto, agisdk, jsonl, atif"
+    assert result.exit_code == 1 and error_line(result) == "Error: unknown import format 'atiff': use auto, agisdk, jsonl, atif, art"
     result = cli("export", "bc_rows", str(tmp_path / "x"), "--format", "arrow", "--lake", source_lake.root)
     assert result.exit_code == 1 and error_line(result) == "Error: unknown export format 'arrow': use jsonl, parquet, atif, hf, otel"
     result = cli("export", "mcts_pairs", str(tmp_path / "empty"), "--format", "hf", "--lake", source_lake.root)
@@ -427,6 +427,7 @@ def test_the_formats_page_commands_run_as_printed(source_lake, tmp_path, monkeyp
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(hub, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(hub, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    _art_log(tmp_path / ".art" / "mail" / "models" / "agent-001" / "trajectories" / "train" / "0007.parquet", bad_row=False)
     page = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
     commands = [argv_of(line) for line in bash_lines(page.read_text())]
     assert len(commands) >= 8 and all(c[0] == "halo-data" for c in commands)
@@ -490,3 +491,52 @@ def test_otel_export_is_one_genai_trace_per_episode_in_otlp_json(source_lake, tm
     assert attrs(spans[0])["halo.success"] is True
     real_id = next(r["episode_id"] for r in steps if r["run_id"] == REAL_RUN)
     assert {s["name"] for s in by_conversation[real_id]} == {"invoke_agent halo", "execute_tool browser_action"}  # random: no model
+
+
+def _art_log(path: Path, bad_row: bool = True) -> None:
+    """A trajectory log as ART's ``write_trajectory_groups_parquet`` writes one (its schema, one row per trajectory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.string()),
+                         ("tool_call_id", pa.string()), ("trainable", pa.bool_())])
+    schema = pa.schema([("group_index", pa.int64()), ("group_metadata", pa.string()), ("group_metrics", pa.string()),
+                        ("group_logs", pa.list_(pa.string())), ("reward", pa.float64()), ("metrics", pa.string()),
+                        ("metadata", pa.string()), ("tools", pa.string()), ("logs", pa.list_(pa.string())),
+                        ("messages", pa.list_(message))])
+
+    def msg(role, content, trainable=False, tool_calls=None, tool_call_id=None):
+        return {"role": role, "content": content, "trainable": trainable, "tool_call_id": tool_call_id,
+                "tool_calls": json.dumps(tool_calls) if tool_calls else None}
+
+    call = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "inbox"}'}}]
+    rows = [
+        {"group_index": 0, "reward": 1.0, "metrics": json.dumps({"turns": 2}), "metadata": json.dumps({"task_id": "mail-3"}),
+         "messages": [msg("system", "You are an agent."), msg("user", "Find the newest mail."),
+                      msg("assistant", None, True, call), msg("tool", "3 mails", tool_call_id="c1"),
+                      msg("assistant", "The newest is from Ada.", True)]},
+        {"group_index": 0, "reward": 0.0, "metadata": json.dumps({"task_id": "mail-3"}),
+         "messages": [msg("user", "Find the newest mail."), msg("assistant", "No idea.", True)]},
+        {"group_index": 1, "reward": 0.5, "messages": []},
+    ][: 3 if bad_row else 2]
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
+
+
+def test_art_trajectory_logs_land_as_episodes_once(tmp_path):
+    log = tmp_path / ".art" / "mail" / "models" / "agent-001" / "trajectories" / "train" / "0007.parquet"
+    _art_log(log)
+    lake = Lake.init(tmp_path / "lake")
+    result = cli("import", str(tmp_path / ".art"), "--lake", lake.root)
+    assert result.exit_code == 1 and error_line(result) == f"Error: {log}:row 2: no messages"
+    rows = _steps(lake)
+    assert {(r["run_id"], r["env"], r["task_id"], r["policy_version"], r["model"]) for r in rows} == {
+        ("art-agent-001-train", "art", "mail-3", "0007", "agent-001")}
+    good = [r for r in rows if r["task_reward"] == 1.0]
+    assert [(r["action"], r["observation"], r["r_success"]) for r in good] == [
+        ('search({"q": "inbox"})', "Find the newest mail.", None), ("The newest is from Ada.", "3 mails", 1.0)]
+    assert [m["role"] for m in json.loads(good[1]["prompt"])] == ["system", "user", "assistant", "tool"]
+    assert good[0]["goal"] == "Find the newest mail." and good[1]["r_progress"] is None
+    assert sorted(r["attempt_idx"] for r in rows if r["step_idx"] == 0) == [0, 1]  # one group: attempts at one task
+    versions = lake.versions()
+    assert "imported 0 episodes" in cli("import", str(log), "--lake", lake.root).output and lake.versions() == versions
