@@ -234,8 +234,8 @@ class Protocol:
 
     def eval_cells(self, arm: str, training_seed: int) -> list[EvalCell]:
         """The evaluation cells of one arm and seed: test seeds of the train tasks and test seeds of the held-out
-        tasks at each evaluation temperature (a deterministic one only for an arm's first seed unless the arm is
-        trained), and (first seed, arms not on an online curve) the dev curve's final point."""
+        tasks at each evaluation temperature (temperature 0 for model arms only, and only for the first seed of an
+        untrained one), and (first seed, arms not on an online curve) the dev curve's final point."""
         test, dev = self.splits["test"], self.splits["dev"]
         attempts = int(test.get("attempts", 1))
         run = f"{self.prefix}-eval-{arm}-s{training_seed}"
@@ -243,8 +243,9 @@ class Protocol:
         trained = self.arms[arm]["kind"] == "trained"
         cells = []
         for i, temperature in enumerate(self.temperatures):
-            if temperature == 0 and not (trained or first):
-                continue  # greedy decoding of a fixed policy is one result whatever its sampling seed
+            if temperature == 0 and (self.arms[arm]["kind"] == "policy" or not (trained or first)):
+                continue  # greedy decoding of a fixed model is one result whatever its sampling seed; a policy arm
+                          # (random, a rule) does not decode
             suffix = "" if i == 0 else f"-t{temperature:g}"
             for split, tasks, seeds in (("test_seeds", self.train_tasks, test["train_tasks_seeds"]),
                                         ("heldout_tasks", self.heldout_tasks, test["heldout_tasks_seeds"])):
