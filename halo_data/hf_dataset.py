@@ -168,12 +168,12 @@ def _card(view: str, description: str, features: Any, rows: dict[str, int], size
         },
     }
     lines = ["---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(), "---", CARD_MARK, "",
-             f"# {view} from a HALO lake", "", f"One row: {description}", "",
+             f"# {view} from a HALO lake", "", description[:1].upper() + description[1:], "",
              "| | |", "|---|---|",
              f"| lake | `{context['lake']}` |",
              f"| view | `{view}` |",
              f"| view parameters | {context['params'] or 'defaults'} |",
-             f"| filter | {('`' + context['where'] + '`') if context['where'] else 'none'} |",
+             f"| filter | {('`' + _cell(context['where']) + '`') if context['where'] else 'none'} |",
              f"| snapshot | {context['snapshot']} |",
              f"| split by | {('`' + context['split_by'] + '`') if context['split_by'] else 'one split, train'} |",
              f"| rows | {sum(rows.values())} ({', '.join(f'{s}: {n}' for s, n in rows.items())}) |",
@@ -182,17 +182,22 @@ def _card(view: str, description: str, features: Any, rows: dict[str, int], size
     if runs:
         lines += ["| run | kind | mode | policy | model | policy version |", "|---|---|---|---|---|---|"]
         for r in runs:
-            lines.append("| " + " | ".join(str(r.get(k) if r.get(k) is not None else "") for k in
-                                            ("run_id", "kind", "mode", "policy", "model", "policy_version")) + " |")
+            lines.append("| " + " | ".join(_cell(r.get(k)) for k in ("run_id", "kind", "mode", "policy", "model", "policy_version"))
+                         + " |")
     else:
         lines.append("The view has no run_id column.")
     docs = _column_docs(view)
     lines += ["", "## Schema", "", "| column | feature | description |", "|---|---|---|"]
     for name, feature in features.items():
-        lines.append(f"| `{name}` | `{_feature_text(feature)}` | {docs.get(name, '')} |")
+        lines.append(f"| `{name}` | `{_feature_text(feature)}` | {_cell(docs.get(name))} |")
     lines += ["", "## Load", "", "```python", "from datasets import load_dataset", "",
               f'ds = load_dataset("{context["load_path"]}")', "```", ""]
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A value as a Markdown table cell: its pipes escaped, on one line."""
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _feature_text(feature: Any) -> str:
