@@ -317,8 +317,8 @@ def test_a_sample_left_idle_is_closed_and_then_refused_with_410():
     holder = service.sessions[index].sandbox.sandbox.holder_pid
     assert holder and Path(f"/proc/{holder}").exists()
     deadline = time.monotonic() + 10
-    while index in service.sessions and time.monotonic() < deadline:  # the reaper looks every idle_timeout_s / 4
-        time.sleep(0.05)
+    while (index in service.sessions or Path(f"/proc/{holder}").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reaper looks every idle_timeout_s / 4, takes the sample, then closes its sandbox
     assert index not in service.sessions
     assert not Path(f"/proc/{holder}").exists()  # its sandbox is closed
     session.chat_history.value.append(session.chat_history.value[-1].model_copy(update={"role": "agent", "content": "Act: finish"}))
