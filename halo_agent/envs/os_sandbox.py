@@ -60,7 +60,8 @@ evaluation runs (only what it checks). How each part is enforced:
   process group is killed. Output (stdout and stderr together) is kept up to ``output_limit`` bytes,
   the rest is read and dropped, and a marker says how much was cut. A script of any length is
   passed through a memory file, not the argument list.
-- **Root.** The holder (PID 1 of the PID namespace, ``HOLDER_SCRIPT``) mounts a tmpfs of ``disk_mb``
+- **Root.** The holder (PID 1 of the PID namespace, ``HOLDER_SCRIPT``, run from the host's root
+  before ``pivot_root``, then the helper's static ``init``) mounts a tmpfs of ``disk_mb``
   for an overlay's upper layer over a *root template* made once per host (``root_template``): an
   ``/etc`` of the sandbox's own (accounts written for it, every password locked, with the host's
   non-secret configuration), empty ``/root``, ``/home``, ``/srv``, ``/tmp``, ``/var`` and ``/run``,
@@ -68,7 +69,7 @@ evaluation runs (only what it checks). How each part is enforced:
   read-only. ``/proc`` is the PID namespace's own with ``/proc/sys`` read-only; ``/sys`` is
   read-only; ``/dev`` holds only ``null``, ``zero``, ``full``, ``random``, ``urandom`` and ``tty``;
   ``pivot_root`` drops the host's root. The network namespace holds only a loopback that is down.
-  PID 1 reaps every orphan, so no zombie is left behind.
+  PID 1 reaps every orphan, so no zombie is left behind, and executes nothing after the start.
 - **Lifetime.** ``close`` kills the holder: the kernel kills every process left in the PID
   namespace, and the mounts vanish with the mount namespace; the cgroups are removed. A sandbox's
   cgroups are named after the process that made it (its PID namespace, pid and start time): if that process dies
@@ -184,6 +185,7 @@ printf '%s %s %s\\n' "$2" "$3" "$4" > /proc/"$1"/gid_map
 
 HOLDER_SCRIPT = r"""
 set -e
+exec 9< "$HALO_INIT"
 hostname sandbox
 # No user namespaces nested in this one (where a command would be root with every capability
 # again): the limit is this namespace's own, and a command cannot raise it (no CAP_SYS_RESOURCE).
@@ -214,9 +216,11 @@ umount -l .
 cd /
 printf 'halo-sandbox-ready
 '
-# PID 1 of the sandbox: bash reaps the orphans reparented to it (a killed background process
-# must not linger as a zombie that looks alive to kill -0).
-exec bash -c 'trap "" TERM INT HUP; while :; do sleep 86400 & wait $!; done'
+# PID 1 of the sandbox: the static helper's init, opened before pivot_root (fd 9), reaps the orphans
+# reparented to it (a killed background process must not linger as a zombie that looks alive to
+# kill -0). It never executes anything again: no program of the sandbox's root runs with PID 1's
+# capabilities once a command could have changed that root.
+exec /proc/self/fd/9 init
 """
 
 
@@ -689,6 +693,7 @@ class Sandbox:
             "HALO_TOOL_DIRS": " ".join(self._tool_binds()),
             "HALO_DEVICES": " ".join(DEVICES),
             "HALO_ETC_LOCKED": " ".join(f for f in ETC_LOCKED if os.path.lexists(template / "etc" / f)),
+            "HALO_INIT": str(exec_helper()),
         }
         ids = f"{HOST_ID_BASE},0,{ID_COUNT}"
         command = [str(exec_helper()), "spawn", *self._cgroup_options(self._cgroup), "--",

@@ -3,6 +3,7 @@
    halo-sandbox-exec spawn [OPTIONS] -- PROGRAM ARGS...      host side: cgroups, rlimits, a new keyring, exec
    halo-sandbox-exec run   [OPTIONS] -- PROGRAM ARGS...      a command in the sandbox of holder --pid
    halo-sandbox-exec eval  [OPTIONS] -- PROGRAM ARGS...      an evaluation: the same, in a trusted root
+   halo-sandbox-exec init                                     PID 1 of a sandbox: reaps orphans, runs nothing
 
    OPTIONS: --pid N (the sandbox's PID 1), --cgroup FILE (a cgroup.procs to join, repeatable),
    --rlimit cpu,as,fsize,nproc, --keep-caps HEX (the capabilities a command keeps),
@@ -319,9 +320,31 @@ static void enter_namespaces(int pid) {
     close(root);
 }
 
+static void on_child(int signal_number) { (void)signal_number; }
+
+/* PID 1 of a sandbox: reap every child (orphans are reparented here) and never execute anything. */
+__attribute__((noreturn)) static void init(void) {
+    sigset_t blocked, none;
+    sigemptyset(&blocked);
+    sigaddset(&blocked, SIGCHLD);
+    sigemptyset(&none);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    struct sigaction action = {.sa_handler = on_child};
+    sigaction(SIGCHLD, &action, NULL);
+    sigprocmask(SIG_BLOCK, &blocked, NULL); /* a SIGCHLD between the reaping and the wait stays pending */
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+        sigsuspend(&none);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) usage("usage: halo-sandbox-exec spawn|run|eval [OPTIONS] -- PROGRAM ARGS...");
     const char *mode = argv[1];
+    if (strcmp(mode, "init") == 0) init();
     int spawn = strcmp(mode, "spawn") == 0, eval = strcmp(mode, "eval") == 0;
     if (!spawn && !eval && strcmp(mode, "run") != 0) usage("the mode is spawn, run or eval");
     int pid = 0, n_cgroups = 0, n_binds = 0, n_links = 0, has_limits = 0, i = 2;
