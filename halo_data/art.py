@@ -23,8 +23,9 @@ Recognised by its columns (``messages``, ``reward``, ``group_index``). A row tha
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from halo_data import ids, prompts
 from halo_data import schema as S
@@ -36,11 +37,12 @@ _TASK_KEYS = ("task_id", "task", "scenario_id")
 
 def sniff(path: Path) -> bool:
     """Whether a .parquet file has ART's trajectory columns."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         names = set(pq.read_schema(path).names)
-    except Exception:  # not Parquet at all: not ART's
+    except (OSError, pa.ArrowException):  # not Parquet at all: not ART's
         return False
     return set(COLUMNS) <= names
 
@@ -77,13 +79,14 @@ def _tool_calls(raw: Any, where: str) -> str | None:
 
 def read_art_source(path: Path, run_id: str | None, failures: list[str]) -> Iterator[Any]:
     """The episodes of one ART Parquet file; a bad row is reported in ``failures`` and skipped."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from halo_data.importers import ImportFormatError, _record, _safe_run_id
 
     try:
         table = pq.read_table(path)
-    except Exception as e:  # a broken file: the whole file is unreadable
+    except (OSError, pa.ArrowException) as e:  # a broken file: the whole file is unreadable
         failures.append(f"{path}: cannot read Parquet: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return
     missing = [c for c in COLUMNS if c not in table.column_names]

@@ -35,12 +35,13 @@ import binascii
 import datetime as dt
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 
-from halo_data import __version__, ids, prompts
+from halo_data import __version__, ids
 from halo_data import schema as S
 from halo_data.atif_schema import SPEC_VERSION, validate
 from halo_data.lake import Lake, LakeError
@@ -349,7 +350,14 @@ def _number(value: Any) -> float | None:
 
 def read_document(doc: Any, where: str, folder: Path, run_id: str | None, default_task: str = "atif") -> Any:
     """One ATIF document as an ``ImportedEpisode``; ``ImportFormatError`` (``where: what is wrong``) if it is not valid."""
-    from halo_data.importers import ImportedEpisode, ImportFormatError, _prompt, _record, _safe_run_id, _site_and_version
+    from halo_data.importers import (
+        ImportedEpisode,
+        ImportFormatError,
+        _prompt,
+        _record,
+        _safe_run_id,
+        _site_and_version,
+    )
 
     problems = validate(doc)
     if problems:

@@ -302,7 +302,7 @@ def push_to_hub(output: str | Path, repo: str, private: bool = False) -> str:
         api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
         api.upload_folder(repo_id=repo, repo_type="dataset", folder_path=str(output),
                           commit_message="HALO dataset export (halo-data export --format hf)")
-    except Exception as e:  # the network, the Hub's answer, the token: all end the same way for the user
+    except Exception as e:  # noqa: BLE001  (the network, the Hub's answer, the token: one line for the user)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise LakeError(f"pushing {output} to {repo} failed: {first}") from None
     return f"https://huggingface.co/datasets/{repo}"
