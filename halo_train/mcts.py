@@ -15,7 +15,7 @@ Iteration k:
    differ by more than θ) train the newest adapter with DPO, the stored generation logprobs
    as the reference (``halo-train dpo --source mcts``), into ``OUTPUT/policy-{v+1}``;
 3. the engine loads it as ``policy-{v+1}`` and retires the old name (the online loop's
-   engine and swap: ``halo_train.online.open_engine``, ``halo_agent.serving``);
+   engine and swap: ``halo_train.served.open_engine``, ``halo_agent.serving``);
 4. the iteration (search run, trees solved, pairs, adapter, reload) is recorded in the run's
    ``runs`` row, its metrics in ``train_metrics`` (step = k).
 
@@ -36,7 +36,7 @@ from halo_agent.search.config import SearchOptions
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import DPOConfig, TrainConfigError, _field
-from halo_train.online import OnlineSummary, Served, ServedLoopConfig, marks_status, open_engine, record_iteration
+from halo_train.served import OnlineSummary, Served, ServedLoopConfig, marks_status, open_engine, record_iteration
 
 log = logging.getLogger(__name__)
 

@@ -542,7 +542,7 @@ def _engine(cfg: PPOConfig, out: Path):
     if cfg.from_lake:
         yield None
         return
-    from halo_train.online import OnlineError, open_engine
+    from halo_train.served import OnlineError, open_engine
 
     try:
         with open_engine(cfg, out) as (engine, base_name):

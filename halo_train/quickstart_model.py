@@ -76,7 +76,7 @@ def run_model_quickstart(cfg: ModelQuickstartConfig, echo: Callable[[str], None]
     from halo_train.config import BCConfig, TrainConfigError, resolve_base_model
     from halo_data.lake import LakeError
     from halo_train import train_bc
-    from halo_train.online import _chat_server
+    from halo_train.served import _chat_server
 
     t0 = time.perf_counter()
     folder = resolve_base_model(cfg.model, TrainConfigError)  # converts a known model once, before anything starts

@@ -264,7 +264,9 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     def killed(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(online, "_write_metrics", killed)
+    from halo_train import served
+
+    monkeypatch.setattr(served, "_write_metrics", killed)
     with pytest.raises(KeyboardInterrupt):
         online.record_iteration(lake, record, cfg, iterations, it, online.Served(None, 0))
     monkeypatch.undo()

@@ -1,0 +1,246 @@
+"""What every loop over a served policy shares (online-grpo, mcts, ppo): its config, the engine, the run's record.
+
+    from halo_train.served import ServedLoopConfig, open_engine
+    with open_engine(cfg, Path("out/online")) as (engine, base_name):   # vLLM on a GPU, HALO's chat server on CPU
+        engine.swap_adapter("policy-1", "out/online/policy-1", retire=None)
+
+A loop serves one policy version at a time under the name ``policy-{v}`` (``Served``), samples with it,
+trains, loads the new version and retires the old name. ``open_engine`` starts the engine for the run
+(``--serve``) or connects to one already running (``--engine-url``); ``record_iteration`` adds an iteration
+to the run's ``runs`` row and its metrics to ``train_metrics``; ``marks_status`` ends the row finished,
+interrupted or failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from halo_data.lake import Lake
+from halo_data.runs import RunRecord, upsert_runs, utc_now
+from halo_train.config import TrainConfigError, _field, _looks_like_local_path, resolve_base_model
+
+log = logging.getLogger(__name__)
+
+
+class OnlineError(TrainConfigError):
+    """A loop over a served policy (an online run) that cannot start or go on as configured; one line that says what to do."""
+
+
+@dataclasses.dataclass
+class ServedLoopConfig:
+    """What every loop over a served policy shares (online-grpo, mcts): the model, the engine, the tasks, the lake."""
+
+    base_model: str = _field("", "Base model folder, known model name (halo-train models) or hub id the engine serves and the updates train on.")
+    env: str = _field("miniwob", "Environment (miniwob).")
+    tasks: list = _field(["click-button"], "Tasks to train on, comma-separated.")
+    iterations: int = _field(2, "Iterations (sample, update, reload) in all, counting those a resumed run already did.")
+    engine_url: str | None = _field(None, "An OpenAI-compatible engine already running (vLLM with runtime LoRA, or HALO's chat server).")
+    engine_wait: float = _field(60.0, "Seconds to wait for the engine to answer at the start.")
+    serve: bool = _field(False, "Start the engine (--engine) on 127.0.0.1 for the run, wait until it serves, and stop it at the end.")
+    engine: str = _field("auto", "The engine --serve starts: vllm (`vllm serve BASE --enable-lora ...`, a GPU) | chat (HALO's chat server, CPU) | auto (vllm where its command and a CUDA GPU are present, else chat).", choices=("auto", "chat", "vllm"))
+    vllm_args: str = _field("", "More `vllm serve` options for --serve with vLLM, e.g. \"--max-model-len 8192 --gpu-memory-utilization 0.8\".")
+    train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on).")
+    lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
+    lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
+    batch_size: int = _field(4, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch during each update (0: the update's importance ratios compare the function that sampled, not a dropped-out one).")
+    temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
+    max_tokens: int = _field(64, "Most tokens an action may take.")
+    coordinate_scale: float | None = _field(
+        None, "A vision-language base model's coordinate grid (1000 for Qwen3-VL's 0..1000); pixels by default."
+    )
+    train_seed_start: int = _field(0, "First train task seed: iteration k trains on train_seed_start + k * N ... (online-grpo, N = --seeds-per-iteration), + k * task_seeds on (mcts).")
+    seed: int = _field(0, "Seed of sampling and training.")
+    lake: str = _field("lake", "Lake root.")
+    progress: bool = _field(True, "Show progress bars.")
+
+    def check_served_loop(self, error: type[Exception]) -> None:
+        """The shared checks; ``error`` carries the line that says what to change."""
+        if isinstance(self.tasks, str):
+            self.tasks = [t.strip() for t in self.tasks.split(",") if t.strip()]
+        if not self.base_model:
+            raise error("give --base-model (a local model folder, a known model name or a hub id)")
+        self.base_model = resolve_base_model(self.base_model, error)
+        if not self.tasks:
+            raise error("give --tasks, e.g. --tasks click-button")
+        if bool(self.engine_url) == bool(self.serve):
+            raise error("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
+        if self.engine_url and self.engine != "auto":
+            raise error(f"--engine {self.engine} picks the engine --serve starts; --engine-url uses one already running: drop one of them")
+        if self.serve and self.engine == "vllm":
+            from halo_train.serve import ServeError, check_engine
+
+            try:
+                check_engine(self.engine)
+            except ServeError as e:
+                raise error(str(e)) from None
+        if (self.serve or _looks_like_local_path(self.base_model)) and not Path(self.base_model).expanduser().is_dir():
+            raise error(f"base model folder {self.base_model} does not exist: build one with `halo-train make-tiny-model {self.base_model}`")
+        for name in ("iterations", "train_steps", "max_tokens", "batch_size"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.lora_dropout < 1:
+            raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Served:
+    """What the engine serves now: the request name (None: the base model) and its version."""
+
+    name: str | None
+    version: int
+    path: str | None = None
+
+
+@dataclasses.dataclass
+class OnlineSummary:
+    run_id: str
+    iterations: list[dict[str, Any]]
+    served: str | None
+    seconds: float
+
+
+@contextlib.contextmanager
+def marks_status(lake: Lake, latest: Callable[[], RunRecord]) -> Iterator[None]:
+    """The run's row (``latest()``, as it stands when the body ends) ends finished, interrupted (Ctrl-C) or failed."""
+    status = "failed"
+    try:
+        yield
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        upsert_runs(lake, [latest().replace(status=status, ended_at=utc_now())])
+
+
+def record_iteration(lake: Lake, record: RunRecord, cfg, iterations: list[dict[str, Any]], it: dict[str, Any], served: Served) -> RunRecord:
+    """Add iteration ``it`` to the run's ``runs`` row (with the version served after it) and its metrics to ``train_metrics``."""
+    iterations.append(it)
+    record = record.replace(adapter=served.name, policy_version=str(served.version),
+                            config={**cfg.to_dict(), "iterations": iterations}, lineage=it.get("lineage") or record.lineage)
+    upsert_runs(lake, [record])
+    _write_metrics(lake, record.run_id, it["iteration"], it["metrics"])
+    return record
+
+
+def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]) -> None:
+    """The iteration's metrics, once: a resumed run that recorded them already writes nothing."""
+    from halo_data.writer import append_rows
+    from halo_train.metrics import metric_rows
+
+    have = lake.query_arrow("select count(*) from train_metrics where run_id = $r and step = $s", {"r": run_id, "s": step})
+    if have.column(0)[0].as_py():
+        return
+    append_rows(lake, "train_metrics", metric_rows(run_id, step, None, metrics))
+
+
+# ---------------------------------------------------------------------------------------- the engine
+
+
+@contextlib.contextmanager
+def open_engine(cfg: ServedLoopConfig, out: Path) -> Iterator[tuple[Any, str]]:
+    """An engine client and the base model's served name; with --serve, the engine --engine picks (vLLM on a GPU,
+    HALO's chat server on CPU) started and stopped here, its output in ``OUTPUT/engine.log``."""
+    from halo_agent.serving import EngineClient, EngineError
+
+    with contextlib.ExitStack() as stack:
+        url = cfg.engine_url or stack.enter_context(_started_engine(cfg, out / "engine.log"))
+        engine = EngineClient(url)
+        try:
+            engine.wait_ready(timeout=cfg.engine_wait)
+            cards = engine.models()
+        except EngineError as e:
+            raise OnlineError(str(e)) from None
+        bases = [name for name, card in cards.items() if not card.get("parent")]
+        if not bases:
+            raise OnlineError(f"the engine at {url} lists no base model")
+        yield engine, bases[0]
+
+
+VLLM_START_SECONDS = 900.0  # vLLM loads the model and captures CUDA graphs before it answers: give it minutes
+
+
+@contextlib.contextmanager
+def _started_engine(cfg, log_path: Path) -> Iterator[str]:
+    """The engine --serve starts (``--engine``; loops without the option get HALO's chat server); yields its URL."""
+    from halo_train import serve
+
+    engine = serve.pick_engine(getattr(cfg, "engine", "chat"))
+    try:
+        serve.check_engine(engine)
+    except serve.ServeError as e:
+        raise OnlineError(str(e)) from None
+    if engine != "vllm":
+        with _chat_server(cfg.base_model, log_path) as url:
+            yield url
+        return
+    with _vllm_server(cfg, log_path) as url:
+        yield url
+
+
+def vllm_spec(cfg, port: int) -> Any:
+    """The ``vllm serve`` an online loop needs: no adapter preloaded, room for two loaded at runtime (the next
+    version is loaded before the serving one is unloaded), ranks up to the fresh adapter's --lora-r or the
+    warm start's own, and --vllm-args."""
+    import shlex
+
+    from halo_train.serve import ServeSpec, adapter_rank
+
+    ranks = [int(getattr(cfg, "lora_r", 16))]
+    init = getattr(cfg, "init_adapter", None)
+    if init:
+        ranks.append(adapter_rank(str(Path(init).expanduser())))
+    return ServeSpec(str(cfg.base_model), {}, port=port, engine="vllm", runtime_loras=2, runtime_ranks=tuple(ranks),
+                     extra_args=tuple(shlex.split(getattr(cfg, "vllm_args", "") or "")))
+
+
+@contextlib.contextmanager
+def _vllm_server(cfg, log_path: Path) -> Iterator[str]:
+    """``vllm serve`` on 127.0.0.1 (a free port) in its own process group with runtime LoRA updating on; yields its
+    URL once GET /v1/models answers, and ends that process group after."""
+    from halo_train import serve
+
+    spec = vllm_spec(cfg, serve.free_port())
+    try:
+        with serve.running(spec, log_path, wait=max(float(cfg.engine_wait), VLLM_START_SECONDS)) as state:
+            yield state["url"]
+    except serve.ServeError as e:
+        raise OnlineError(str(e)) from None
+
+
+@contextlib.contextmanager
+def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
+    """HALO's chat server on 127.0.0.1 (a free port) in a child process; yields its URL, stops it after."""
+    from halo_train.serve import chat_server_command
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as errors:
+        proc = subprocess.Popen(
+            chat_server_command(base_model, {}, 0, parent_pid=os.getpid()),  # a loop killed with -9 leaves no server behind
+            stdout=subprocess.PIPE, stderr=errors, text=True,
+        )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if " at " not in line:
+            proc.wait(timeout=30)
+            tail = log_path.read_text(errors="replace").strip().splitlines()
+            raise OnlineError(f"the chat server did not start: {tail[-1] if tail else f'exit code {proc.returncode}'}")
+        yield line.split(" at ", 1)[1].split()[0]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
