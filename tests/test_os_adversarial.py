@@ -152,7 +152,7 @@ def test_nothing_left_running_acts_during_the_check():
 def test_a_check_stalled_on_a_fifo_or_a_fork_bomb_pays_no_more_than_a_wrong_answer():
     rewards = RewardMap()
     for stall in ("mkfifo /srv/answer", "mkfifo /srv/answer; :(){ :|:& };:"):
-        session = _session(Script("grep -q yes /srv/answer"), SandboxConfig(timeout_s=1.5, max_processes=48))
+        session = _session(Script("grep -q yes /srv/answer"), SandboxConfig(timeout_s=1.0, max_processes=48))
         try:
             session.run_command(stall)
             outcome = session.evaluate("finished")
