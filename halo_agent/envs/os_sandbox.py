@@ -415,6 +415,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "halo-sandbox-"
 V1_CONTROLLERS = ("pids", "memory", "cpu", "freezer")
 V2_CONTROLLERS = ("pids", "memory", "cpu")
+V2_SERVER_LEAF = "halo-server"
 CPU_PERIOD_US = 100_000
 _STALE_NAME = re.compile(rf"^{CGROUP_PREFIX}(\d+)-(\d+)-(\d+)-[0-9a-f]+(-eval)?$")  # pid namespace, pid, start
 
@@ -448,7 +449,9 @@ def _cgroup_parents() -> dict[str, Path]:
     """Where this process's sandboxes' cgroups go: under its own cgroup, per hierarchy (``""`` for v2)."""
     own = _own_cgroups()
     if _cgroup_v2():
-        return {"": _v2_delegated_parent(CGROUP_ROOT / own.get("", "/").lstrip("/"))}
+        own_v2 = CGROUP_ROOT / own.get("", "/").lstrip("/")
+        # a leaf an earlier HALO process made for its cgroup's processes: the sandboxes go next to it
+        return {"": _v2_delegated_parent(own_v2.parent if own_v2.name == V2_SERVER_LEAF else own_v2)}
     return {c: CGROUP_ROOT / c / own[c].lstrip("/") for c in V1_CONTROLLERS if c in own and (CGROUP_ROOT / c).is_dir()}
 
 
@@ -457,7 +460,8 @@ def _v2_delegated_parent(parent: Path) -> Path:
 
     A v2 cgroup with processes cannot hand controllers to children (unless it is the root): its
     processes (this one and those it shares the cgroup with) then move into a leaf ``halo-server``
-    of it first, once; they stay under the same limits."""
+    of it first, once; they stay under the same limits, and a process started there later puts its
+    sandboxes next to that leaf too."""
     if _v2_parent:
         return _v2_parent[0]
     available = set((parent / "cgroup.controllers").read_text().split())
@@ -467,7 +471,7 @@ def _v2_delegated_parent(parent: Path) -> Path:
     except OSError as e:
         if e.errno != errno.EBUSY or parent == CGROUP_ROOT:
             raise
-        leaf = parent / "halo-server"
+        leaf = parent / V2_SERVER_LEAF
         leaf.mkdir(exist_ok=True)
         for pid in (parent / "cgroup.procs").read_text().split():
             try:
