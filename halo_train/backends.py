@@ -221,7 +221,7 @@ def _load_unsloth(cfg: TrainConfig, name: str) -> LoadedModel:
         model,
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
+        lora_dropout=scoring_dropout(cfg),  # unsloth: dropout off where ratios are taken
         target_modules=list(cfg.target_modules),
         bias="none",
         use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing is not False else False,
