@@ -381,6 +381,8 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     agent_steps = [s for s in steps_in if s["source"] == "agent"]
     if not agent_steps:
         raise ImportFormatError(f"{where}: no agent step: nothing to land as a step")
+    if not any(not s.get("is_copied_context") for s in agent_steps):
+        raise ImportFormatError(f"{where}: no agent step of its own (only copied context): nothing to land as a step")
     for s in steps_in:
         swhere = f"{where}: steps[{s['step_id'] - 1}]"
         results = (s.get("observation") or {}).get("results") or []
@@ -390,6 +392,9 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             elif s["source"] == "user" and s is not goal_step:  # a later user turn is what the agent reads next
                 page_text, page_url = _text_of(s["message"]), None
                 page_shot = _image_of(s["message"], swhere, folder, shots)
+            continue
+        if s.get("is_copied_context"):  # context from an earlier trajectory, not this one's step (the spec: never trained on)
+            page_text, page_url, page_shot = _page(results, swhere, folder, shots)
             continue
         sx = s.get("extra") or {}
         kept = sx.get("halo") if isinstance(sx.get("halo"), dict) else {}
@@ -422,7 +427,8 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             "screenshot_after_hash": kept.get("screenshot_after_hash", after_shot),
             "prompt": kept.get("prompt") or _prompt(step_goal, url, observation, history, shot),
             "prompt_version": kept.get("prompt_version"),
-            "model_output": _text_of(s["message"]) if s["message"] != "" or not from_halo else None,
+            # no model output where no model ran (llm_call_count 0: a deterministic dispatch, never trained on)
+            "model_output": None if s.get("llm_call_count") == 0 or (from_halo and s["message"] == "") else _text_of(s["message"]),
             "action": action,
             "action_source": kept.get("action_source", "model"),
             "macro": kept.get("macro"),

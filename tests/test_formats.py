@@ -244,6 +244,9 @@ def test_a_document_of_another_producer_lands_and_a_malformed_one_lands_nothing(
     good = _rfc_example()
     good["steps"].append({"step_id": 4, "source": "user", "message": "And Microsoft?"})
     good["steps"].append({"step_id": 5, "source": "agent", "message": "MSFT is at $410.", "llm_call_count": 1})
+    good["steps"].append({"step_id": 6, "source": "agent", "message": "", "llm_call_count": 0,
+                          "tool_calls": [{"tool_call_id": "t6", "function_name": "save", "arguments": {}}]})
+    good["steps"].append({"step_id": 7, "source": "agent", "message": "Earlier answer.", "is_copied_context": True})
     bad = _rfc_example()
     bad["steps"][2]["step_id"] = 7
     source = tmp_path / "harbor.jsonl"
@@ -255,9 +258,10 @@ def test_a_document_of_another_producer_lands_and_a_malformed_one_lands_nothing(
                                   "(sequential from 1), got 7")
     rows = _steps(lake)
     assert [(r["env"], r["run_id"], r["policy"], r["policy_version"], r["model"]) for r in rows] == [
-        ("atif", "025B810F-B3A2-4C67-93C0-FE7A142A947A", "harbor-agent", "1.0.0", "gemini-2.5-flash")] * 3
-    first, second, third = rows
+        ("atif", "025B810F-B3A2-4C67-93C0-FE7A142A947A", "harbor-agent", "1.0.0", "gemini-2.5-flash")] * 4
+    first, second, third, fourth = rows  # the copied-context step is no step of this episode
     assert (third["observation"], third["model_output"], third["action"]) == ("And Microsoft?", "MSFT is at $410.", None)
+    assert (fourth["model_output"], fourth["action"]) == (None, "save({})")  # no model ran: nothing to imitate
     assert first["action"] == ('financial_search({"metric": "price", "ticker": "GOOGL"})\n'
                                'financial_search({"metric": "volume", "ticker": "GOOGL"})')
     assert first["goal"] == "What is the current trading price of Alphabet (GOOGL)?" and first["prompt_tokens"] == 520
@@ -265,8 +269,8 @@ def test_a_document_of_another_producer_lands_and_a_malformed_one_lands_nothing(
     assert second["completion_token_ids"] == [1722, 310, 5533, 29889] and second["logprobs"] == [-0.1, -0.05, -0.02, -0.01]
     assert json.loads(second["extra"])["prompt_token_ids"] == [1, 2, 3]
     assert json.loads(second["prompt"])[-1]["content"].startswith("Goal: What is the current")
-    assert second["state_hash"] and third["is_last"] and first["r_success"] is None  # no reward given: unknown
-    assert cli("import", str(source), "--lake", lake.root).exit_code == 1 and len(_steps(lake)) == 3
+    assert second["state_hash"] and fourth["is_last"] and first["r_success"] is None  # no reward given: unknown
+    assert cli("import", str(source), "--lake", lake.root).exit_code == 1 and len(_steps(lake)) == 4
 
 
 def test_bad_input_is_one_line_and_leaves_the_lake_as_it_was(source_lake, tmp_path):
