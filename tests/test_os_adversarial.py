@@ -210,6 +210,9 @@ def test_processes_left_spinning_spend_no_cpu_after_their_command_returns():
 
 def test_a_sandbox_gets_its_cpu_quota_and_no_more():
     with Sandbox(SandboxConfig(timeout_s=10, cpus=0.2)) as box:
+        quota = box._cgroup.dirs.get("") or box._cgroup.dirs.get("cpu")
+        if quota is None or not ((quota / "cpu.max").exists() or (quota / "cpu.cfs_quota_us").exists()):
+            pytest.skip("this host gives the process's cgroup no cpu controller (the sandbox warns so)")
         result = box.run("for i in 1 2; do (end=$((SECONDS + 2)); while [ $SECONDS -lt $end ]; do :; done) & done; wait; times")
     children = result.output.splitlines()[-1].split()  # `times`: the children's user and system time
     spent = sum(float(t.split("m")[0]) * 60 + float(t.split("m")[1].rstrip("s")) for t in children)

@@ -222,6 +222,8 @@ def test_the_sandbox_cgroups_sit_under_this_process_own_with_a_cpu_quota(box):
         mine = Path("/sys/fs/cgroup", hierarchy, own[hierarchy].lstrip("/"))
         # inside the server's limits: under its cgroup (v2: next to the leaf its processes moved into)
         assert folder.parent == (mine.parent if mine.name == "halo-server" else mine)
-    quota = (box._cgroup.dirs.get("") or box._cgroup.dirs["cpu"])
+    quota = box._cgroup.dirs.get("") or box._cgroup.dirs.get("cpu")
+    if quota is None or not ((quota / "cpu.max").exists() or (quota / "cpu.cfs_quota_us").exists()):
+        pytest.skip("this host gives the process's cgroup no cpu controller (the sandbox warns so)")
     limit = (quota / "cpu.max").read_text().split()[0] if (quota / "cpu.max").exists() else (quota / "cpu.cfs_quota_us").read_text().strip()
     assert int(limit) == int(box.config.cpus * 100_000)
