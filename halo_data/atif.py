@@ -364,10 +364,11 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ImportFormatError(f"{where}: not a valid ATIF document: {problems[0]}{more}")
     extra = doc.get("extra") or {}
-    halo = extra.get("halo") if isinstance(extra.get("halo"), dict) else {}
     agent = doc["agent"]
-    agent_extra = agent.get("extra") or {}
-    from_halo = agent["name"] == AGENT_NAME and bool(halo)
+    from_halo = agent["name"] == AGENT_NAME and isinstance(extra.get("halo"), dict)
+    # What HALO keeps in the extras is read from HALO's documents only: another producer's extras mean their own.
+    halo = extra["halo"] if from_halo else {}
+    agent_extra = (agent.get("extra") or {}) if from_halo else {}
     shots: dict[str, Screenshot] = {}
     steps_in = doc["steps"]
     goal_step = next((s for s in steps_in if s["source"] == "user"), None)
@@ -397,9 +398,9 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             page_text, page_url, page_shot = _page(results, swhere, folder, shots)
             continue
         sx = s.get("extra") or {}
-        kept = sx.get("halo") if isinstance(sx.get("halo"), dict) else {}
+        kept = sx["halo"] if from_halo and isinstance(sx.get("halo"), dict) else {}
         metrics = s.get("metrics") or {}
-        mx = metrics.get("extra") or {}
+        mx = (metrics.get("extra") or {}) if from_halo else {}
         action = _action(s)
         error = next(((r.get("extra") or {}).get("error") for r in results if (r.get("extra") or {}).get("error")), None)
         after_text, after_url, after_shot = _page(results, swhere, folder, shots)
@@ -446,7 +447,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             "completion_tokens": metrics.get("completion_tokens"),
             "call_model": kept.get("call_model", s.get("model_name")),
             "cost_usd": _number(metrics.get("cost_usd")),
-            "logprobs": metrics.get("logprobs"),
+            "logprobs": [float(x) for x in metrics["logprobs"]] if metrics.get("logprobs") is not None else None,
             "completion_token_ids": metrics.get("completion_token_ids"),
             **{k: mx.get(k) for k in _TOKEN_EXTRA},
             "is_last": None,
@@ -467,7 +468,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     task_id = task_id or doc.get("trajectory_id") or doc.get("session_id") or default_task
     site, version = _site_and_version(task_id)
     run = run_id or _safe_run_id(doc.get("session_id") or f"atif-{folder.name}")
-    started = halo.get("started_at") or steps_in[0].get("timestamp")
+    started = halo.get("started_at") or steps_in[0].get("timestamp")  # an ISO 8601 time: the schema checked it
     fields = {
         "run_id": run,
         "env": halo.get("env") or ENV,
@@ -487,9 +488,9 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         "task_reward": _number(halo.get("task_reward", outcome.get("task_reward", outcome.get("reward")))),
         "raw_reward": _number(halo.get("raw_reward", outcome.get("raw_reward"))),
         "n_steps": len(records),
-        "terminated": halo.get("terminated", outcome.get("terminated")),
-        "truncated": halo.get("truncated", outcome.get("truncated")),
-        "error": halo.get("error", outcome.get("error")),
+        "terminated": halo.get("terminated", _typed(outcome.get("terminated"), bool)),
+        "truncated": halo.get("truncated", _typed(outcome.get("truncated"), bool)),
+        "error": halo.get("error", _typed(outcome.get("error"), str)),
         "error_kind": halo.get("error_kind"),
         "started_at": _time(started, where),
         "ended_at": _time(halo.get("ended_at"), where),
@@ -501,6 +502,10 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     run_fields = {"run_id": run, "kind": "rollout", "mode": episode.mode, "env": episode.env, "policy": episode.policy,
                   "model": episode.model, "adapter": episode.adapter, "policy_version": episode.policy_version}
     return ImportedEpisode(where, episode, records, list(shots.values()), run_fields, attempt_given=attempt is not None)
+
+
+def _typed(value: Any, kind: type) -> Any:
+    return value if isinstance(value, kind) else None
 
 
 def _time(value: Any, where: str) -> dt.datetime | None:

@@ -247,6 +247,10 @@ def test_a_document_of_another_producer_lands_and_a_malformed_one_lands_nothing(
     good["steps"].append({"step_id": 6, "source": "agent", "message": "", "llm_call_count": 0,
                           "tool_calls": [{"tool_call_id": "t6", "function_name": "save", "arguments": {}}]})
     good["steps"].append({"step_id": 7, "source": "agent", "message": "Earlier answer.", "is_copied_context": True})
+    # extras mean what their producer means: none of HALO's fields is read from them
+    good["agent"]["extra"] = {"mode": 3, "policy": ["x"]}
+    good["final_metrics"]["extra"] = {"terminated": "yes", "success": True}
+    good["steps"][2]["metrics"].update(logprobs=[-0.1, -0.05, 0, -0.01], extra={"draw": "weird"})
     bad = _rfc_example()
     bad["steps"][2]["step_id"] = 7
     source = tmp_path / "harbor.jsonl"
@@ -266,7 +270,8 @@ def test_a_document_of_another_producer_lands_and_a_malformed_one_lands_nothing(
                                'financial_search({"metric": "volume", "ticker": "GOOGL"})')
     assert first["goal"] == "What is the current trading price of Alphabet (GOOGL)?" and first["prompt_tokens"] == 520
     assert second["observation"] == "GOOGL is currently trading at $185.35 (Close: 10/11/2025)\nGOOGL volume: 1.5M shares traded."
-    assert second["completion_token_ids"] == [1722, 310, 5533, 29889] and second["logprobs"] == [-0.1, -0.05, -0.02, -0.01]
+    assert second["completion_token_ids"] == [1722, 310, 5533, 29889] and second["logprobs"] == [-0.1, -0.05, 0.0, -0.01]
+    assert (second["success"], second["terminated"], second["mode"], second["draw"]) == (True, None, "imported", None)
     assert json.loads(second["extra"])["prompt_token_ids"] == [1, 2, 3]
     assert json.loads(second["prompt"])[-1]["content"].startswith("Goal: What is the current")
     assert second["state_hash"] and fourth["is_last"] and first["r_success"] is None  # no reward given: unknown
