@@ -215,7 +215,7 @@ def test_close_kills_everything_and_removes_the_cgroup():
 
 
 def test_the_sandbox_cgroups_sit_under_this_process_own_with_a_cpu_quota(box):
-    own = {c: path for line in open("/proc/self/cgroup").read().splitlines() for _, cs, path in [line.split(":", 2)]
+    own = {c: path for line in Path("/proc/self/cgroup").read_text().splitlines() for _, cs, path in [line.split(":", 2)]
            for c in (cs.split(",") if cs else [""])}
     assert box._cgroup.dirs, "no cgroup was made"
     for hierarchy, folder in box._cgroup.dirs.items():
