@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from halo_train.config import GRPOConfig, TrainConfigError
+from halo_train.config import DPOConfig, GRPOConfig, TrainConfigError
 
 log = logging.getLogger(__name__)
 
@@ -165,22 +165,15 @@ class Learner:
 
     # ------------------------------------------------------------------ one update
 
-    def update(self, cfg: GRPOConfig) -> UpdateResult:
-        """Train on every row ``cfg`` selects (its view, --where, parameters), ``epochs_per_update`` times."""
+    def update(self, cfg: GRPOConfig | DPOConfig) -> UpdateResult:
+        """Train on every row ``cfg`` selects (its view, --where, parameters), ``epochs_per_update`` times: GRPO's
+        loss for a GRPOConfig (online GRPO), DPO's for a DPOConfig (MCTS's pairs)."""
         import torch
 
-        from halo_train.data import read_for
-        from halo_train.grpo import GRPOCollator, batch_loss, clip_range, members_sql, training_rows
-
-        read = read_for(cfg, sql=members_sql(cfg.group_by, self.vision is not None))
-        dataset, dropped, extra, encoder = training_rows(cfg, read, self.tokenizer, self.vision)
-        rows = dataset.to_list()
-        if not rows:
-            from halo_train.data import NoTrainingSignalError
-
-            raise NoTrainingSignalError(f"no rows left to train on (read {read.table.num_rows}, dropped {dropped})")
-        collate = GRPOCollator(getattr(self.tokenizer, "tokenizer", self.tokenizer).pad_token_id, encoder)
-        clip = clip_range(cfg)
+        if isinstance(cfg, DPOConfig):
+            rows, collate, loss_of, lineage, extra = self._dpo_rows(cfg)
+        else:
+            rows, collate, loss_of, lineage, extra = self._grpo_rows(cfg)
         opts = self.options
         before = lora_weights(self.model)
         self.model.train()
@@ -197,7 +190,7 @@ class Learner:
                 sums: dict[str, float] = {}
                 for micro in _chunks(minibatch, opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
-                    loss, stats = batch_loss(self.model, batch, cfg, clip)
+                    loss, stats = loss_of(batch)
                     share = len(micro) / len(minibatch)  # the minibatch's loss is the mean of its rows'
                     (loss * share).backward()
                     for key, value in {"loss": float(loss.detach()), **stats}.items():
@@ -212,7 +205,7 @@ class Learner:
         self.version += 1
         after = lora_weights(self.model)
         t1 = time.perf_counter()
-        measured = self.measure(rows, collate)
+        measured = self.measure(rows, collate) if not isinstance(cfg, DPOConfig) else {}
         measure_seconds = time.perf_counter() - t1
 
         def mean(key: str) -> float:
@@ -235,9 +228,62 @@ class Learner:
             "update_train_seconds": train_seconds,
             "update_measure_seconds": measure_seconds,
         }
-        if step_log and "kl" in step_log[0]:
-            metrics["kl_to_base"] = mean("kl")
-        return UpdateResult(len(trained), len(step_log), read.lineage, {**extra, "dropped_rows": dropped}, metrics, step_log)
+        for key in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
+            if step_log and key in step_log[0]:
+                metrics["kl_to_base" if key == "kl" else key] = mean(key)
+        return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
+
+    def _grpo_rows(self, cfg: GRPOConfig):
+        """GRPO's training items (``halo_train.grpo``), their collator and loss; the lineage read; the figures."""
+        from halo_train.data import NoTrainingSignalError, read_for
+        from halo_train.grpo import GRPOCollator, batch_loss, clip_range, members_sql, training_rows
+
+        read = read_for(cfg, sql=members_sql(cfg.group_by, self.vision is not None))
+        dataset, dropped, extra, encoder = training_rows(cfg, read, self.tokenizer, self.vision)
+        rows = dataset.to_list()
+        if not rows:
+            raise NoTrainingSignalError(f"no rows left to train on (read {read.table.num_rows}, dropped {dropped})")
+        collate = GRPOCollator(getattr(self.tokenizer, "tokenizer", self.tokenizer).pad_token_id, encoder)
+        clip = clip_range(cfg)
+        return rows, collate, lambda batch: batch_loss(self.model, batch, cfg, clip), read.lineage, {**extra, "dropped_rows": dropped}
+
+    def _dpo_rows(self, cfg: DPOConfig):
+        """DPO's pairs as items: each side's prompt and completion tokens (the stored ids where the pair has them,
+        else the text and EOS) and the reference logprobs stored with it where both sides have them (the sampling
+        policy, as Agent Q's off-policy DPO; ``halo_train.dpo.token_exact_pairs``), else the base model's."""
+        from halo_train.data import EmptyViewError, chat_text, prompt_messages, read_for
+        from halo_train.dpo import TOKENS_SQL, token_exact_pairs
+
+        if list(cfg.loss_type) != ["sigmoid"]:
+            raise TrainConfigError(f"the persistent learner trains DPO's sigmoid loss; --loss-type {','.join(cfg.loss_type)} "
+                                   "needs an update job: --learner jobs")
+        if self.vision is not None:
+            raise TrainConfigError("the persistent learner's DPO is built for text base models: use --learner jobs")
+        read = read_for(cfg, sql=TOKENS_SQL if cfg.view == "dpo_pairs" else None)
+        pairs = token_exact_pairs(read.table).to_pylist()
+        tokenizer = self.tokenizer
+        rows, dropped = [], 0
+        for pair in pairs:
+            prompt = tokenizer(chat_text(tokenizer, prompt_messages(pair["prompt"]), add_generation_prompt=True),
+                               add_special_tokens=False)["input_ids"]
+            sides = []
+            for side in ("chosen", "rejected"):
+                ids = pair.get(f"{side}_token_ids")
+                if ids is None:
+                    ids = tokenizer(pair[side], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                sides.append({"input_ids": prompt + list(ids), "completion_mask": [0] * len(prompt) + [1] * len(ids)})
+            if cfg.max_length is not None and max(len(x["input_ids"]) for x in sides) > cfg.max_length:
+                dropped += 1
+                continue
+            reference = [pair.get("chosen_logprob_sum"), pair.get("rejected_logprob_sum")]
+            rows.append({"chosen": sides[0], "rejected": sides[1], "reference": reference if None not in reference else None})
+        if not rows:
+            raise EmptyViewError(f"no DPO pairs left to train on (read {len(pairs)}, {dropped} longer than --max-length)")
+        pad_id = tokenizer.pad_token_id
+        extra = {"pairs": len(rows), "pairs_with_stored_reference": sum(r["reference"] is not None for r in rows),
+                 "dropped_rows": dropped}
+        return rows, lambda items: dpo_batch(items, pad_id), lambda batch: dpo_loss(self.model, batch, cfg.beta), read.lineage, extra
+
 
     def measure(self, rows: list[dict[str, Any]], collate) -> dict[str, float]:
         """After an update, without gradients over its rows: approx KL(new || old) against the stored token
@@ -306,6 +352,50 @@ def _to_device(batch: dict[str, Any], device) -> dict[str, Any]:
     return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
+def dpo_batch(items: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """Chosen sides then rejected sides, right-padded (``halo_train.grpo.pad_members``), and the stored references."""
+    import torch
+
+    from halo_train.grpo import pad_members
+
+    batch = pad_members([r["chosen"] for r in items] + [r["rejected"] for r in items], pad_id)
+    batch["reference"] = torch.tensor([r["reference"] if r["reference"] is not None else [0.0, 0.0] for r in items])
+    batch["has_reference"] = torch.tensor([r["reference"] is not None for r in items])
+    return batch
+
+
+def _completion_logps(model, batch):
+    """Each row's log pi(completion | prompt) under the raw softmax, the distribution DPO scores."""
+    import torch
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    targets = batch["input_ids"][:, 1:]
+    token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (token_logps * batch["completion_mask"][:, 1:].to(token_logps.dtype)).sum(-1)
+
+
+def dpo_loss(model, batch, beta: float):
+    """DPO's sigmoid loss, -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))), over a ``dpo_batch``; the reference is
+    the stored one where a pair has it, the base model's (the adapter disabled) elsewhere. Returns (loss, stats) with
+    TRL's metric names."""
+    import torch
+
+    n = batch["has_reference"].shape[0]
+    logps = _completion_logps(model, batch)
+    reference = batch["reference"].to(logps.dtype)
+    if not bool(batch["has_reference"].all()):
+        with torch.no_grad(), model.disable_adapter():
+            base = _completion_logps(model, batch)
+        reference = torch.where(batch["has_reference"].unsqueeze(-1), reference, torch.stack([base[:n], base[n:]], -1))
+    chosen = beta * (logps[:n] - reference[:, 0])
+    rejected = beta * (logps[n:] - reference[:, 1])
+    loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+    stats = {"rewards/chosen": float(chosen.mean()), "rewards/rejected": float(rejected.mean()),
+             "rewards/margins": float((chosen - rejected).mean()),
+             "rewards/accuracies": float((chosen > rejected).float().mean())}
+    return loss, stats
+
+
 def processed_entropy(logits, inputs, mask):
     """Entropy, at each completion position (``mask``), of the distribution the token there was drawn from: the
     softmax at the row's temperature, restricted to the allowed tokens where a guided choice masked the draw."""
@@ -368,4 +458,27 @@ def adapter_lora_weights(folder: str | os.PathLike[str]) -> dict[str, tuple[Any,
             module = key.split(".lora_A.")[0]
             out[module] = (a.float(), tensors[key.replace(".lora_A.", ".lora_B.")].float(), scale)
     return out
+
+
+# The learner each process holds between updates, by run (output folder): the main process's, or a pipelined
+# run's update process's.
+_HELD: dict[str, Learner] = {}
+
+
+def held_learner(key: str, template, options: LearnerOptions, version: int, path: str | None) -> tuple[Learner, float]:
+    """The learner at ``version`` (adapter folder ``path``) for run ``key``: the one this process holds, else the one
+    saved in ``path`` (its learner state), else a new one from the base model (version 0, or the warm start ``path``);
+    with the seconds spent loading it (0 when held)."""
+    held = _HELD.get(key)
+    if held is not None and held.version == version:
+        return held, 0.0
+    _HELD.pop(key, None)
+    if path and version > 0 and (Path(path) / LEARNER_STATE).exists():
+        learner = Learner.resume(template, options, path)
+    else:
+        if version > 0:
+            log.warning("%s has no learner state: the learner starts from its adapter with a fresh optimizer", path)
+        learner = Learner.start(dataclasses.replace(template, init_adapter=path), options, version=version)
+    _HELD[key] = learner
+    return learner, learner.load_seconds
 

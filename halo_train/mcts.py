@@ -12,8 +12,11 @@ Iteration k:
    policy (K samples in one call, with their generation logprobs), ``--task-seeds`` trees per
    task on task seeds ``--train-seed-start + k * task_seeds ...``; whole trees land in ``mcts_nodes``;
 2. ``dpo_pairs`` rows with ``source = 'mcts'`` of that run (``mcts_pairs``: siblings whose Q
-   differ by more than θ) train the newest adapter with DPO, the stored generation logprobs
-   as the reference (``halo-train dpo --source mcts``), into ``OUTPUT/policy-{v+1}``;
+   differ by more than θ) train the newest adapter with DPO's sigmoid loss, the stored generation
+   logprobs as the reference where both sides have them (as ``halo-train dpo --source mcts``), into
+   ``OUTPUT/policy-{v+1}``: the run's persistent learner (``halo_train.learner``, as online GRPO's: one
+   model, adapter and AdamW across iterations, every pair trained ``--epochs-per-update`` times in
+   minibatches of ``--mini-batch-size``), or with ``--learner jobs`` a ``halo-train dpo`` job per update;
 3. the engine loads it as ``policy-{v+1}`` and retires the old name (the online loop's
    engine and swap: ``halo_train.served.open_engine``, ``halo_agent.serving``);
 4. the iteration (search run, trees solved, pairs, adapter, reload) is recorded in the run's
@@ -36,7 +39,9 @@ from halo_agent.search.config import SearchOptions
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import DPOConfig, TrainConfigError, _field
-from halo_train.served import OnlineSummary, Served, ServedLoopConfig, marks_status, open_engine, record_iteration
+from halo_train.served import (
+    OnlineSummary, Served, ServedLoopConfig, learner_update, marks_status, open_engine, record_iteration,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,6 @@ class MCTSConfig(ServedLoopConfig, SearchOptions):
     tasks: list = _field(["click-button-sequence"], "Tasks to search, comma-separated.")
     task_seeds: int = _field(2, "Trees per task in each iteration (new task seeds every iteration).")
     max_tokens: int = _field(32, "Most tokens an action may take.")
-    train_steps: int = _field(2, "Optimizer steps of each DPO update.")
     lr: float = _field(5e-5, "Learning rate of each DPO update.")
     beta: float = _field(0.1, "DPO beta.")
     run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>).")
@@ -102,7 +106,7 @@ def _iteration(cfg: MCTSConfig, lake: Lake, engine, base_name: str, run_id: str,
     }
     it: dict[str, Any] = {"iteration": k, "search_run": search_run, "sampled_version": served.version, "update": "skipped: no pairs"}
     if pairs:
-        new, train = _update(cfg, search_run, served, run_id)
+        new, train = _update(cfg, lake, search_run, served, run_id)
         it.update(adapter=new.path, train_run=train["run_id"], lineage=train["lineage"], update="trained")
         metrics.update(train["metrics"])
         swap = engine.swap_adapter(new.name, new.path, retire=served.name)
@@ -134,23 +138,36 @@ def _count_pairs(lake: Lake, search_run: str) -> int:
     return int(table.column(0)[0].as_py() or 0)
 
 
-def _update(cfg: MCTSConfig, search_run: str, served: Served, run_id: str) -> tuple[Served, dict[str, Any]]:
-    """DPO of the served adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete)."""
+def _update(cfg: MCTSConfig, lake: Lake, search_run: str, served: Served, run_id: str) -> tuple[Served, dict[str, Any]]:
+    """DPO of the served adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete):
+    by the run's persistent learner (``--learner persistent``), or a ``halo-train dpo`` job (``--learner jobs``)."""
+    import json
+
     from halo_train.dpo import train_dpo
+    from halo_train.trainer_utils import STATS_FILE
 
     version = served.version + 1
     staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
-    result = train_dpo(DPOConfig(
+    final = Path(cfg.output_dir) / f"policy-{version}"
+    dpo = DPOConfig(
         lake=cfg.lake, base_model=cfg.base_model, init_adapter=served.path, output_dir=str(staging),
-        run_id=f"{run_id}-u{version}", source="mcts", where=f"run_id = '{search_run}'", max_steps=cfg.train_steps,
+        run_id=f"{run_id}-u{version}", source="mcts", where=f"run_id = '{search_run}'", max_steps=cfg.job_steps(),
         lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         batch_size=cfg.batch_size, seed=cfg.seed + version,
-    ))
-    final = Path(cfg.output_dir) / f"policy-{version}"
-    (staging / "final").rename(final)
-    shutil.rmtree(staging, ignore_errors=True)
-    metrics = {m: result.metrics[m] for m in ("loss", "rewards/margins", "rewards/accuracies") if m in result.metrics}
-    return Served(f"policy-{version}", version, str(final.resolve())), {"run_id": result.run_id, "lineage": result.lineage, "metrics": metrics}
+    )
+    if cfg.learner == "persistent":
+        learner_update(cfg, lake, dpo, served, final, "dpo_pairs")
+        stats = json.loads((final / STATS_FILE).read_text())
+        metrics, lineage = stats["update_metrics"], stats["lineage"]
+    else:
+        result = train_dpo(dpo)
+        (staging / "final").rename(final)
+        shutil.rmtree(staging, ignore_errors=True)
+        metrics, lineage = result.metrics, result.lineage
+    kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
+            "update_seconds")
+    return (Served(f"policy-{version}", version, str(final.resolve())),
+            {"run_id": dpo.run_id, "lineage": lineage, "metrics": {m: metrics[m] for m in kept if m in metrics}})
 
 
 def _describe(it: dict[str, Any]) -> str:

@@ -67,14 +67,13 @@ from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _field
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (  # noqa: F401  (the served loop's parts, long imported from here)
-    OnlineError, OnlineSummary, Served, ServedLoopConfig, _chat_server, _write_metrics, marks_status, open_engine,
-    record_iteration, vllm_spec,
+    LEARNERS, OnlineError, OnlineSummary, Served, ServedLoopConfig, _chat_server, _write_metrics, learner_update,
+    marks_status, open_engine, record_iteration, vllm_spec,
 )
 
 log = logging.getLogger(__name__)
 
 GROUP_BY = ("episode", "state")  # attempts of one task seed (grpo_groups) | candidates at one state (state_groups)
-LEARNERS = ("persistent", "jobs")
 STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
 
 
@@ -103,15 +102,6 @@ class OnlineConfig(ServedLoopConfig):
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
     replay_iterations: int = _field(1, "Each update reads the groups of this many latest iterations (this one included); --max-staleness still drops rows sampled by versions too old.")
     lr: float = _field(1e-5, "Learning rate (AdamW), constant after --warmup-steps.")
-    learner: str = _field(
-        "persistent", "persistent: one learner keeps the model, adapter, optimizer, schedule and RNG across iterations and "
-        "trains each update on every row it reads, --epochs-per-update times, checkpointed with each version "
-        "(halo_train.learner). jobs: each update a separate `halo-train grpo` job from the newest adapter (a fresh "
-        "optimizer, --train-steps steps, 2 by default, of --batch-size rows, the learning rate decaying to 0 inside it).",
-        choices=LEARNERS)
-    epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
-    mini_batch_size: int = _field(16, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
-    warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     omega: float = _field(1.0, "Weight of the anchor-state (GiGPO) step advantage: A = A_episode + omega * A_step; 0: episode-level GRPO only.")
     eval_every: int = _field(0, "Evaluate the served version on held-out task seeds every N iterations (0: never).")
     eval_tasks: list = _field([], "Tasks to evaluate (default: --tasks).")
@@ -160,11 +150,6 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
-        for name in ("epochs_per_update", "mini_batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise OnlineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise OnlineError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
         if self.pipeline and self.max_staleness < 1:
             raise OnlineError(f"--pipeline trains each update on rows one version stale: give --max-staleness 1 or more, not {self.max_staleness}")
 
@@ -483,7 +468,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
         grpo = _update_config(cfg, rollout_runs, served, trained, run_id)
         try:
             if cfg.learner == "persistent":
-                _learner_update(cfg, lake, grpo, trained, final)
+                learner_update(cfg, lake, grpo, trained, final, GRPO_GROUP_VIEWS[cfg.group_by])
             else:
                 _job_update(grpo, final)
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
@@ -511,7 +496,7 @@ def _update_config(cfg: OnlineConfig, rollout_runs: list[str], served: Served, t
         run_id=f"{run_id}-u{version}", runs=list(rollout_runs), where=_rows_of(rollout_runs, served), group_by=cfg.group_by,
         state_baseline="min" if cfg.cover_choices else "mean",
         policy_version=trained.version, max_staleness=cfg.max_staleness, loss_type=cfg.loss_type,
-        max_steps=cfg.train_steps or (2 if cfg.learner == "jobs" else None), lr=cfg.lr, lora_r=cfg.lora_r,
+        max_steps=cfg.job_steps(), lr=cfg.lr, lora_r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, batch_size=cfg.batch_size, seed=cfg.seed + version,
         # Its own run's groups only: another run's attempts at the same task seed carry the same version
         # names ('0', '1', ...) but come from another policy.
@@ -548,74 +533,6 @@ def _job_update(grpo: GRPOConfig, final: Path) -> None:
     # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
     (staging / "final").rename(final)
     shutil.rmtree(staging, ignore_errors=True)
-
-
-# The persistent learner of this process (the main one, or a pipelined run's update process): kept between updates.
-_LEARNER: dict[str, Any] = {}
-
-
-def _learner_for(cfg: OnlineConfig, grpo: GRPOConfig, trained: Served):
-    """The learner at version ``trained``: the one this process holds, else the one saved with that version,
-    else a new one from the base model (version 0, or the warm start)."""
-    from halo_train.learner import LEARNER_STATE, Learner, LearnerOptions
-
-    key = str(Path(cfg.output_dir).resolve())
-    held = _LEARNER.get(key)
-    if held is not None and held.version == trained.version:
-        return held, 0.0
-    _LEARNER.pop(key, None)
-    options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
-                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps)
-    template = dataclasses.replace(grpo, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
-    if trained.path and trained.version > 0 and (Path(trained.path) / LEARNER_STATE).exists():
-        learner = Learner.resume(template, options, trained.path)
-    else:
-        if trained.version > 0:
-            log.warning("%s has no learner state: the learner starts from its adapter with a fresh optimizer", trained.path)
-        learner = Learner.start(dataclasses.replace(template, init_adapter=trained.path), options, version=trained.version)
-    _LEARNER[key] = learner
-    return learner, learner.load_seconds
-
-
-def _learner_update(cfg: OnlineConfig, lake: Lake, grpo: GRPOConfig, trained: Served, final: Path) -> None:
-    """Update v+1 with the persistent learner; the adapter, its learner state and training_stats.json into ``final``."""
-    import datetime as dt
-
-    from halo_data.writer import append_rows
-    from halo_train.backends import base_model_path
-    from halo_train.metrics import metric_rows, record_run
-    from halo_train.trainer_utils import STATS_FILE
-
-    t0 = time.perf_counter()
-    learner, load_seconds = _learner_for(cfg, grpo, trained)
-    started = dt.datetime.now(dt.timezone.utc)
-    result = learner.update(grpo)
-    t1 = time.perf_counter()
-    metrics = {**result.metrics, "update_load_seconds": load_seconds,
-               **{k: float(result.extra[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in result.extra}}
-    run_fields = dict(
-        run_id=grpo.run_id, job_type="grpo", base_model=base_model_path(cfg.base_model), config_json=grpo.to_json(),
-        source_view=GRPO_GROUP_VIEWS[cfg.group_by], lineage=result.lineage, output_dir=str(final.resolve()),
-        started_at=started, adapter=final.name, policy_version=str(learner.version),
-    )
-    stats = {
-        "job_type": "grpo", "learner": "persistent", "run_id": grpo.run_id, "policy_version": str(learner.version),
-        "learner_step": learner.step, "lineage": result.lineage, "rows": result.rows, "optimizer_steps": result.optimizer_steps,
-        "config": grpo.to_dict(), "update_metrics": metrics, **result.extra,
-    }
-    # The update's own run, before its version exists (a kill in between retrains the same update from the same
-    # learner state and writes nothing twice): its lineage (the table versions it read), one metrics row per step.
-    record_run(lake, status="finished", ended_at=dt.datetime.now(dt.timezone.utc), **run_fields)
-    have = lake.query_arrow("select count(*) from train_metrics where run_id = $r", {"r": grpo.run_id}).column(0)[0].as_py()
-    if not have:
-        first = learner.step - len(result.step_log) + 1
-        append_rows(lake, "train_metrics", [row for i, entry in enumerate(result.step_log)
-                                            for row in metric_rows(grpo.run_id, first + i, None, entry)])
-    saved = learner.save(final, {STATS_FILE: json.dumps(stats, indent=2, default=str)})
-    metrics["update_save_seconds"] = time.perf_counter() - t1
-    metrics["update_seconds"] = time.perf_counter() - t0
-    stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
-    (saved / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
 
 
 def _rows_of(rollout_runs: list[str], served: Served) -> str:

@@ -27,6 +27,8 @@ from halo_train.config import TrainConfigError, _field, _looks_like_local_path, 
 
 log = logging.getLogger(__name__)
 
+LEARNERS = ("persistent", "jobs")  # one learner across the run's updates | a training job per update
+
 
 class OnlineError(TrainConfigError):
     """A loop over a served policy (an online run) that cannot start or go on as configured; one line that says what to do."""
@@ -45,7 +47,16 @@ class ServedLoopConfig:
     serve: bool = _field(False, "Start the engine (--engine) on 127.0.0.1 for the run, wait until it serves, and stop it at the end.")
     engine: str = _field("auto", "The engine --serve starts: vllm (`vllm serve BASE --enable-lora ...`, a GPU) | chat (HALO's chat server, CPU) | auto (vllm where its command and a CUDA GPU are present, else chat).", choices=("auto", "chat", "vllm"))
     vllm_args: str = _field("", "More `vllm serve` options for --serve with vLLM, e.g. \"--max-model-len 8192 --gpu-memory-utilization 0.8\".")
-    train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on).")
+    learner: str = _field(
+        "persistent", "persistent: one learner keeps the model, adapter, optimizer, schedule and RNG across iterations and "
+        "trains each update on every row it reads, --epochs-per-update times, checkpointed with each version "
+        "(halo_train.learner). jobs: each update a separate training job from the newest adapter (a fresh "
+        "optimizer, --train-steps steps, 2 by default, of --batch-size rows, the learning rate decaying to 0 inside it).",
+        choices=LEARNERS)
+    train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on; --learner jobs: 2).")
+    epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
+    mini_batch_size: int = _field(16, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
+    warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
@@ -87,6 +98,17 @@ class ServedLoopConfig:
                 raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.lora_dropout < 1:
             raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.learner not in LEARNERS:
+            raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
+        for name in ("epochs_per_update", "mini_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise error(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+
+    def job_steps(self) -> int | None:
+        """An update's optimizer steps: the --train-steps cap (the persistent learner: none by default), 2 for a job."""
+        return self.train_steps or (2 if self.learner == "jobs" else None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -244,3 +266,53 @@ def _chat_server(base_model: str, log_path: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Served, final: Path, source_view: str) -> None:
+    """Update v+1 with the run's persistent learner (``halo_train.learner``) on what ``train`` (a GRPOConfig or a
+    DPOConfig) reads; the adapter, its learner state and training_stats.json into ``final``, renamed in when complete.
+
+    The update's own run (``train.run_id``) is recorded before its version folder exists: its lineage (the table
+    versions it read) and one metrics row per optimizer step. A kill in between retrains the same update from the
+    same learner state, and writes nothing twice."""
+    import dataclasses as dc
+    import datetime as dt
+    import json
+    import time
+
+    from halo_data.writer import append_rows
+    from halo_train.backends import base_model_path
+    from halo_train.learner import LearnerOptions, held_learner
+    from halo_train.metrics import metric_rows, record_run
+    from halo_train.trainer_utils import STATS_FILE
+
+    t0 = time.perf_counter()
+    options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
+                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps)
+    template = dc.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
+    learner, load_seconds = held_learner(str(Path(cfg.output_dir).resolve()), template, options, trained.version, trained.path)
+    started = dt.datetime.now(dt.timezone.utc)
+    result = learner.update(train)
+    t1 = time.perf_counter()
+    metrics = {**result.metrics, "update_load_seconds": load_seconds,
+               **{k: float(result.extra[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in result.extra}}
+    stats = {
+        "job_type": train.job_type, "learner": "persistent", "run_id": train.run_id, "policy_version": str(learner.version),
+        "learner_step": learner.step, "lineage": result.lineage, "rows": result.rows, "optimizer_steps": result.optimizer_steps,
+        "config": train.to_dict(), "update_metrics": metrics, **result.extra,
+    }
+    record_run(lake, run_id=train.run_id, job_type=train.job_type, base_model=base_model_path(cfg.base_model),
+               config_json=train.to_json(), source_view=source_view, lineage=result.lineage, output_dir=str(final.resolve()),
+               started_at=started, adapter=final.name, policy_version=str(learner.version), status="finished",
+               ended_at=dt.datetime.now(dt.timezone.utc))
+    have = lake.query_arrow("select count(*) from train_metrics where run_id = $r", {"r": train.run_id}).column(0)[0].as_py()
+    if not have:
+        first = learner.step - len(result.step_log) + 1
+        append_rows(lake, "train_metrics", [row for i, entry in enumerate(result.step_log)
+                                            for row in metric_rows(train.run_id, first + i, None, entry)])
+    saved = learner.save(final, {STATS_FILE: json.dumps(stats, indent=2, default=str)})
+    metrics["update_save_seconds"] = time.perf_counter() - t1
+    metrics["update_seconds"] = time.perf_counter() - t0
+    stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
+    (saved / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+

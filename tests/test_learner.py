@@ -82,3 +82,21 @@ def test_resume_refuses_a_folder_without_learner_state(setup, tmp_path):
     cfg, options = setup
     with pytest.raises(TrainConfigError, match="learner_state.pt"):
         Learner.resume(cfg, options, tmp_path)
+
+
+def test_the_same_learner_trains_dpo_pairs_with_the_sigmoid_loss(setup):
+    from halo_train.config import DPOConfig
+
+    cfg, options = setup
+    dpo = DPOConfig(lake=cfg.lake, base_model=cfg.base_model, lr=0.01, lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                    target_modules=["q_proj", "v_proj"], runs=[RUN], beta=0.1, output_dir=cfg.output_dir)
+    learner = Learner.start(dpo, options)
+    before = weights(learner)
+    result = learner.update(dpo)
+    assert result.rows == result.extra["pairs"] > 0 and result.extra["pairs_with_stored_reference"] == 0
+    assert any(not torch.equal(before[k], v) for k, v in weights(learner).items())
+    # The first step's reference is the base model (the adapter starts at B = 0): the margins start at 0.
+    assert result.step_log[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert {"rewards/chosen", "rewards/margins", "rewards/accuracies"} <= result.metrics.keys()
+    with pytest.raises(Exception, match="sigmoid"):
+        learner.update(DPOConfig(lake=cfg.lake, base_model=cfg.base_model, runs=[RUN], loss_type=["ipo"]))
