@@ -22,6 +22,8 @@ import struct
 import zlib
 from typing import Iterator
 
+import pyarrow as pa
+
 from halo_data import ids, prompts, runs
 from halo_data.config import RewardWeights
 from halo_data.lake import Lake
@@ -261,3 +263,162 @@ def synthetic_run_row(spec: SyntheticSpec, command: str, planned_episodes: int |
         ended_at=now,
         provenance=runs.provenance(generator="halo_data.synthetic", **provenance),
     ).row()
+
+
+# ---------------------------------------------------------------------- online campaigns
+@dataclasses.dataclass
+class CampaignSpec:
+    """A lake as an online campaign grows it: one run per iteration, each on the same several tasks.
+
+    Screenshots are kept on ``screenshot_share`` of the steps (online rollouts of text policies store few),
+    and ``candidate_share`` of the steps carry ``candidates_per_state`` scored candidates (per-state groups).
+    Each run is committed in ``commits_per_run`` appends, as a sampler flushing every few episodes commits it.
+    """
+
+    run_steps: int = 5_000
+    attempts_per_task: int = 8
+    screenshot_share: float = 0.01
+    candidate_share: float = 0.05
+    candidates_per_state: int = 4
+    commits_per_run: int = 2
+    templates: int = 3
+    run_prefix: str = "iter"
+    seed: int = 0
+
+
+CAMPAIGN_SHOT_SIZE = (320, 200)
+
+
+@dataclasses.dataclass
+class _RunTemplate:
+    steps: pa.Table
+    candidates: pa.Table
+    images: dict[str, bytes]  # screenshot hash in ``steps`` -> PNG bytes
+
+
+def _png_with_text(png: bytes, text: str) -> bytes:
+    """``png`` with a tEXt chunk before IEND: a valid, distinct image (its own hash) at no encoding cost."""
+    data = b"halo\x00" + text.encode()
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data) & 0xFFFFFFFF)
+    return png[:-12] + chunk + png[-12:]
+
+
+def _run_template(spec: CampaignSpec, index: int) -> _RunTemplate:
+    from halo_data import schema as S
+    from halo_data.lake import conform
+
+    rng = random.Random(spec.seed * 1000 + index)
+    synth = SyntheticSpec(n_steps=spec.run_steps, attempts_per_task=spec.attempts_per_task, screenshots=False,
+                          run_id="template", seed=spec.seed * 1000 + index)
+    # a writer that never flushes: only its column buffers are used
+    writer = EpisodeWriter(None, flush_episodes=1 << 30, flush_seconds=float("inf"), known_screenshots=())  # type: ignore[arg-type]
+    for ep in generate_episodes(synth):
+        writer.write_episode(ep.episode, ep.steps)
+    steps = writer.steps_table()
+    n = steps.num_rows
+    # screenshots on a share of the steps, one image each
+    with_shot = [rng.random() < spec.screenshot_share for _ in range(n)]
+    base = synthetic_png(rng.randrange(2**62), *CAMPAIGN_SHOT_SIZE, noise_rows=0.1)
+    images = {}
+    hashes = []
+    for i, keep in enumerate(with_shot):
+        if keep:
+            png = _png_with_text(base, f"template {index} step {i}")
+            h = ids.image_hash(png)
+            images[h] = png
+            hashes.append(h)
+        else:
+            hashes.append(None)
+    steps = steps.set_column(steps.schema.get_field_index("screenshot_hash"), "screenshot_hash", pa.array(hashes, pa.string()))
+    # candidates at a share of the steps: the step's prompt, candidates_per_state sampled actions, scored
+    rows = []
+    cols = steps.select(["env", "episode_id", "task_id", "step_idx", "state_hash", "prompt", "prompt_hash", "started_at"]).to_pylist()
+    for r in cols:
+        if rng.random() >= spec.candidate_share:
+            continue
+        for k in range(spec.candidates_per_state):
+            action = f"click('{rng.randrange(10, 999)}')"
+            rows.append({**{c: r[c] for c in ("env", "episode_id", "task_id", "step_idx", "state_hash", "prompt", "prompt_hash")},
+                         "run_id": "template", "candidate_idx": k, "model_output": action, "action": action,
+                         "score": round(rng.random(), 3), "score_source": "env", "logprob_sum": -rng.random() * 5,
+                         "created_at": r["started_at"], "temperature": 1.0})
+    candidates = conform(pa.Table.from_pylist(rows), S.CANDIDATES) if rows else S.CANDIDATES.schema.empty_table()
+    return _RunTemplate(steps, candidates, images)
+
+
+class CampaignGenerator:
+    """Runs of a campaign, each a re-keyed copy of one of a few generated templates (new run id, episode ids,
+    policy version, times and screenshots), so appending a run costs its commit, not its generation."""
+
+    def __init__(self, spec: CampaignSpec):
+        self.spec = spec
+        self._templates = [_run_template(spec, i) for i in range(max(1, spec.templates))]
+
+    def run_id(self, iteration: int) -> str:
+        return f"{self.spec.run_prefix}-{iteration:05d}"
+
+    def tables(self, iteration: int, run_id: str | None = None) -> tuple[pa.Table, pa.Table, list[Screenshot]]:
+        """(steps, candidates, screenshots) of iteration ``iteration``'s run."""
+        import pyarrow.compute as pc
+
+        run_id = run_id or self.run_id(iteration)
+        t = self._templates[iteration % len(self._templates)]
+        shift = dt.timedelta(hours=iteration)
+        steps = t.steps
+        # episode ids as the sampler derives them, from the new run id
+        first = pc.equal(steps["step_idx"], 0)
+        heads = steps.filter(first).select(["episode_id", "task_id", "task_seed", "attempt_idx"]).to_pylist()
+        old_ids = [h["episode_id"] for h in heads]
+        new_ids = [ids.episode_id(run_id, h["task_id"], h["task_seed"], h["attempt_idx"]) for h in heads]
+
+        def rekey(table: pa.Table) -> pa.Table:
+            pos = pc.index_in(table["episode_id"], value_set=pa.array(old_ids))
+            table = table.set_column(table.schema.get_field_index("episode_id"), "episode_id", pc.take(pa.array(new_ids), pos))
+            table = table.set_column(table.schema.get_field_index("run_id"), "run_id", pa.array([run_id] * table.num_rows, pa.string()))
+            return table.set_column(table.schema.get_field_index("policy_version"), "policy_version",
+                                    pa.array([f"iter-{iteration}"] * table.num_rows, pa.string()))
+
+        steps = rekey(steps)
+        for c in ("started_at", "ended_at"):
+            steps = steps.set_column(steps.schema.get_field_index(c), c, pc.add(steps[c], pa.scalar(shift, pa.duration("us"))))
+        shots = []
+        mapping = {}
+        for h, png in t.images.items():
+            new = _png_with_text(png, run_id)
+            shot = Screenshot.from_bytes(new, "png", *CAMPAIGN_SHOT_SIZE)
+            mapping[h] = shot.hash
+            shots.append(shot)
+        if mapping:
+            old_h = pa.array(list(mapping))
+            pos = pc.index_in(steps["screenshot_hash"], value_set=old_h)
+            steps = steps.set_column(steps.schema.get_field_index("screenshot_hash"), "screenshot_hash",
+                                     pc.take(pa.array(list(mapping.values())), pos))
+        candidates = rekey(t.candidates) if t.candidates.num_rows else t.candidates
+        return steps, candidates, shots
+
+    def append_run(self, lake: Lake, iteration: int, run_id: str | None = None) -> dict:
+        """Append one iteration's run as a campaign does: its steps in ``commits_per_run`` commits, its candidates
+        and screenshots, and its ``runs`` row; returns what was written."""
+        from halo_data.writer import screenshots_table
+
+        run_id = run_id or self.run_id(iteration)
+        steps, candidates, shots = self.tables(iteration, run_id)
+        now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(hours=iteration)
+        lake.upsert_runs([runs.RunRecord(
+            run_id=run_id, kind="rollout", mode="online", env="mixed", policy="hf", model="campaign",
+            policy_version=f"iter-{iteration}", split="train", config={"iteration": iteration}, command="campaign",
+            status="finished", started_at=now, ended_at=now + dt.timedelta(minutes=30),
+            provenance=runs.provenance(generator="halo_data.synthetic.CampaignGenerator"),
+        ).row()])
+        if shots:
+            lake.append("screenshots", screenshots_table(shots, now))
+        # whole episodes per commit: split at an episode boundary
+        parts = max(1, self.spec.commits_per_run)
+        starts = [i for i, v in enumerate(steps["step_idx"].to_pylist()) if v == 0]
+        cuts = [starts[len(starts) * k // parts] for k in range(parts)] + [steps.num_rows]
+        for a, b in zip(cuts, cuts[1:]):
+            if b > a:
+                lake.append("steps", steps.slice(a, b - a))
+        if candidates.num_rows:
+            lake.append("candidates", candidates)
+        return {"run_id": run_id, "steps": steps.num_rows, "candidates": candidates.num_rows, "screenshots": len(shots)}

@@ -159,6 +159,10 @@ class EpisodeWriter:
     def pending_episodes(self) -> list[str]:
         return list(self._episodes)
 
+    def steps_table(self) -> pa.Table:
+        """The buffered episodes' steps as one Arrow table in the ``steps`` schema (what a flush appends)."""
+        return pa.Table.from_pydict(self._columns, schema=S.STEPS.schema)
+
     # ------------------------------------------------------------------ committing
     def _load_known(self) -> None:
         if self._known is not None:
@@ -186,8 +190,7 @@ class EpisodeWriter:
                 assert self._known is not None
                 self._known.update(s.hash for s in shots)
                 self._shots.clear()
-            steps_table = pa.Table.from_pydict(self._columns, schema=S.STEPS.schema)
-            version = self.lake.append("steps", steps_table)
+            version = self.lake.append("steps", self.steps_table())
         except LakeError:
             raise
         except Exception as e:

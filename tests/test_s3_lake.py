@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -29,6 +30,9 @@ KEY_ID = "AKIAHALOTESTKEY00001"
 TASK = "miniwob.click-button"
 
 
+RECORDINGS: dict[str, Path] = {}  # moto endpoint -> the file its request recorder writes
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -36,12 +40,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint():
-    """moto's S3 server on loopback for this module; stopped (and its stdout closed) after it."""
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server on loopback for this module; stopped (and its stdout closed) after it. Requests it
+    receives while recording (``/moto-api/recorder/start-recording``) are logged to ``<url>.recording``."""
     moto = Path(sys.executable).with_name("moto_server")
     port = _free_port()
+    recording = tmp_path_factory.mktemp("moto") / "requests.jsonl"
     proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, "MOTO_RECORDER_FILEPATH": str(recording)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    RECORDINGS[f"http://127.0.0.1:{port}"] = recording
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -204,3 +212,46 @@ def test_cursors_of_a_connection_read_the_s3_tables_as_the_dashboard_does(s3_lak
     cur = cursor(con)
     assert cur.execute("select count(*) from episodes").fetchall() == [(3,)]
     assert cur.execute("select count(*) from steps").fetchall() == [(9,)]
+
+
+def recorded_requests(endpoint: str, action):
+    """(method, path) of every request moto served while ``action()`` ran."""
+    def call(what: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/{what}", method="POST"), timeout=10).close()
+
+    call("reset-recording")
+    call("start-recording")
+    try:
+        action()
+    finally:
+        call("stop-recording")
+    lines = RECORDINGS[endpoint].read_text().splitlines()
+    return [(e["method"], urllib.parse.unquote(urllib.parse.urlparse(e["url"]).path)) for e in map(json.loads, lines)]
+
+
+def test_a_run_scoped_read_gets_only_that_runs_files(s3_lake, s3_endpoint):
+    """What the online learner reads each iteration: one run's views, from that run's data files alone."""
+    from halo_data.synthetic import CampaignGenerator, CampaignSpec
+
+    lake = Lake.init(s3_lake)
+    campaign = CampaignGenerator(CampaignSpec(run_steps=120, attempts_per_task=2, templates=1, screenshot_share=0.05))
+    for i in range(3):
+        campaign.append_run(lake, i)
+    run = campaign.run_id(1)
+
+    def read() -> None:
+        con = lake.connect(runs=[run])
+        try:
+            for view in ("grpo_groups", "bc_rows", "dpo_pairs", "state_groups"):
+                assert con.sql(f"select distinct run_id from {view}").fetchall() == [(run,)]
+        finally:
+            con.close()
+
+    requests = recorded_requests(s3_endpoint, read)
+    data_reads = [path for method, path in requests if method in ("GET", "HEAD") and path.endswith(".parquet")
+                  and "/_delta_log/" not in path]
+    runs_read = {part.split("=", 1)[1] for path in data_reads for part in path.split("/") if part.startswith("run_id=")}
+    assert runs_read == {run}, data_reads
+    # steps and candidates of the run were read; of the unpartitioned runs table only the file holding its row
+    tables_read = {path.split("/lake/", 1)[1].split("/", 1)[0] for path in data_reads}
+    assert {"steps", "candidates"} <= tables_read <= {"steps", "candidates", "runs"}, data_reads
