@@ -298,6 +298,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
                **{k: float(result.extra[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in result.extra}}
     stats = {
         "job_type": train.job_type, "learner": "persistent", "run_id": train.run_id, "policy_version": str(learner.version),
+        "source_view": source_view, "where": train.where, "view_params": train.view_params(), "runs": train.scoped_runs(),
         "learner_step": learner.step, "lineage": result.lineage, "rows": result.rows, "optimizer_steps": result.optimizer_steps,
         "config": train.to_dict(), "update_metrics": metrics, **result.extra,
     }
