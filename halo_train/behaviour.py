@@ -173,21 +173,6 @@ def stored_completion(tokenizer, row: Mapping[str, Any], text: str | None, max_t
     return Completion(ids, behaviour, allowed)
 
 
-def stored_completion_logprob(model, tokenizer, row: Mapping[str, Any], max_completion_length: int = 256) -> float:
-    """log pi(the row's stored completion | its prompt) under ``model``, as the GRPO trainer scores it: a token-exact
-    row's stored ids under its behaviour distribution (what its ``logprob_sum`` is, before any update), an older
-    row's text and EOS under the raw softmax. ``row``: a steps or candidates row (``prompt``, ``model_output``, ...)."""
-    import torch
-
-    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
-
-    encoded = tokenize_member(tokenizer, row["prompt"], row["model_output"], max_completion_length, dict(row))
-    batch = {k: v.to(model.device) for k, v in pad_members([encoded], tokenizer.pad_token_id).items()}
-    with torch.no_grad():
-        token_logps, mask = behaviour_token_logps(model, batch)
-    return float((token_logps * mask).sum())
-
-
 def truncated_importance_weight(trainer_logps, behaviour_logps, mask, cap: float = 2.0):
     """Truncated importance sampling for an engine/trainer mismatch (verl's ``tis_imp_ratio_cap``; Yao et al.,
     "Your efficient RL framework secretly brings you off-policy RL training", 2025): per token

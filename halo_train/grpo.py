@@ -121,7 +121,7 @@ import logging
 import math
 import re
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from halo_train.config import GRPOConfig, TrainConfigError
 from halo_train.data import NoTrainingSignalError, chat_text, prompt_messages, to_dataset
@@ -360,6 +360,19 @@ def tokenize_member(tokenizer, prompt_json: str, completion: str, max_completion
         encoded["temperature"] = completion.temperature
         encoded["allowed"] = [[]] * (len(prompt_ids) - 1) + completion.allowed if completion.allowed else None
     return encoded
+
+
+def stored_completion_logprob(model, tokenizer, row: Mapping[str, Any], max_completion_length: int = 256) -> float:
+    """log pi(the row's stored completion | its prompt) under ``model``, as the GRPO trainer scores it: a token-exact
+    row's stored ids under its behaviour distribution (what its ``logprob_sum`` is, before any update), an older
+    row's text and EOS under the raw softmax. ``row``: a steps or candidates row (``prompt``, ``model_output``, ...)."""
+    import torch
+
+    encoded = tokenize_member(tokenizer, row["prompt"], row["model_output"], max_completion_length, dict(row))
+    batch = {k: v.to(model.device) for k, v in pad_members([encoded], tokenizer.pad_token_id).items()}
+    with torch.no_grad():
+        token_logps, mask = behaviour_token_logps(model, batch)
+    return float((token_logps * mask).sum())
 
 
 def completion_logprobs(model, tokenizer, prompt_json: str, completion: str, max_completion_length: int = 256) -> float:

@@ -86,7 +86,7 @@ def _observation():
 def test_the_chat_server_scores_a_labelled_choice_with_its_label(served):
     from halo_agent.policies.openai_policy import OpenAIPolicy
     from halo_data import prompts
-    from halo_train.behaviour import stored_completion_logprob
+    from halo_train.grpo import stored_completion_logprob
 
     obs = _observation()
     policy = OpenAIPolicy(model="tiny", base_url=served.url, temperature=1.0, n=6, seed=4, constrain_actions=True, choice_labels=True)

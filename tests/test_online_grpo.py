@@ -317,7 +317,7 @@ def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_pa
 def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halo_train.behaviour import stored_completion_logprob
+    from halo_train.grpo import stored_completion_logprob
     from halo_train.online import run_online
 
     with chat_server_in_process(tiny) as url:
@@ -350,7 +350,7 @@ def test_labelled_choices_are_sampled_stored_and_trained_with_their_labels(tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from halo_agent.actions import parse_action
-    from halo_train.behaviour import stored_completion_logprob
+    from halo_train.grpo import stored_completion_logprob
     from halo_train.online import run_online
     from halo_train.tiny_model import build_tiny_model
     from halo_train.trainer_utils import STATS_FILE

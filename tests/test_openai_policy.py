@@ -424,7 +424,7 @@ def _post(server, body: dict) -> tuple[int, dict]:
 
 def test_guided_choice_answers_only_allowed_choices_with_the_draws_or_the_trainers_logprobs(server):
     from halo_data import prompts
-    from halo_train.behaviour import stored_completion_logprob
+    from halo_train.grpo import stored_completion_logprob
 
     body = {"model": "tiny", "messages": TEXT_MESSAGES, "n": 12, "temperature": 2.0, "logprobs": True, "seed": 1,
             "return_token_ids": True, "structured_outputs": {"choice": CHOICES}}
