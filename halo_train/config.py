@@ -326,6 +326,11 @@ class GRPOConfig(TrainConfig):
     )
     epsilon: float = _field(0.2, "Lower clip range of the importance ratio (used where behaviour logprobs are stored).")
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28).")
+    tis_cap: float | None = _field(
+        None, "Truncated importance sampling for an engine/trainer mismatch (bf16 kernels, another attention path): each "
+        "token-exact row's ratio is taken against the trainer's own score of the stored tokens before the update, and its "
+        "loss weighted by min(pi_trainer / pi_engine, CAP) (verl's tis_imp_ratio_cap). The persistent learner "
+        "(online-grpo) computes it; off by default (on CPU HALO's engine and trainer agree to float rounding).")
     max_completion_length: int = _field(256, "Completion tokens kept per row; dr_grpo's constant normaliser.")
     beta: float = _field(0.0, "KL coefficient against the reference (the base model: the adapter disabled); 0: no KL term, no reference pass.")
     policy_version: int | None = _field(

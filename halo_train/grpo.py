@@ -407,6 +407,10 @@ def pad_members(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]
                                         else [0.0] * (width - 1) for r, e in zip(rows, exact)],
                                        dtype=torch.float32).reshape(len(rows), width - 1),
         "has_token_logprobs": torch.tensor(exact),
+        **({"trainer_logprobs": torch.tensor([list(r["trainer_logprobs"]) + [0.0] * (width - len(r["input_ids"]))
+                                              if r.get("trainer_logprobs") is not None else [0.0] * (width - 1) for r in rows],
+                                             dtype=torch.float32).reshape(len(rows), width - 1)}
+           if any(r.get("trainer_logprobs") is not None for r in rows) else {}),
         "temperature": torch.tensor([float(r.get("temperature") or 1.0) for r in rows]),
         "allowed_token_ids": pad_allowed([r.get("allowed") for r in rows], width - 1),
     }
@@ -470,12 +474,14 @@ def grpo_loss(
     max_completion_length: int,
     token_behaviour=None,
     has_token_behaviour=None,
+    token_weight=None,
 ):
     """Per-token clipped policy-gradient loss over stored completions; returns (loss, stats).
 
     token_logps: (B, T) log pi_theta of each target token (for token-exact rows, under the distribution their
     behaviour logprobs are of: ``halo_train.behaviour``); completion_mask: (B, T) 1 on completion tokens;
-    token_behaviour: (B, T) the stored logprob of each target token, used where has_token_behaviour (B,).
+    token_behaviour: (B, T) the stored logprob of each target token, used where has_token_behaviour (B,);
+    token_weight: (B, T) a detached weight per token loss (truncated importance sampling), 1 by default.
     """
     import torch
 
@@ -495,6 +501,8 @@ def grpo_loss(
     clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
     adv = advantage.unsqueeze(-1)
     per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)
+    if token_weight is not None:
+        per_token_loss = per_token_loss * token_weight
 
     if loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
@@ -590,6 +598,8 @@ def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float])
     (``halo_train.learner``). Stats: the loss function's (clip_ratio, importance_ratio_mean, approx_kl, ...),
     the batch's rewards and advantages, and with ``grpo.beta`` > 0 the KL to the base model.
     """
+    import torch
+
     token_logps, completion_mask = behaviour_token_logps(model, inputs)
     if "group_index" in inputs:
         loss, stats = choice_softmax_loss(
@@ -597,6 +607,14 @@ def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float])
             inputs["behaviour_logprob"].float(), *clip_range,
         )
     else:
+        token_behaviour, weight, tis = inputs.get("token_logprobs"), None, {}
+        if grpo.tis_cap and "trainer_logprobs" in inputs:
+            # The ratio against the trainer's own score before the update; the engine's gap as a capped weight.
+            from halo_train.behaviour import truncated_importance_weight
+
+            exact = inputs["has_token_logprobs"].bool().unsqueeze(-1) & completion_mask.bool()
+            weight, tis = truncated_importance_weight(inputs["trainer_logprobs"], token_behaviour, exact, grpo.tis_cap)
+            token_behaviour = torch.where(exact, inputs["trainer_logprobs"], token_behaviour)
         loss, stats = grpo_loss(
             token_logps,
             completion_mask,
@@ -607,9 +625,11 @@ def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float])
             epsilon_low=clip_range[0],
             epsilon_high=clip_range[1],
             max_completion_length=grpo.max_completion_length,
-            token_behaviour=inputs.get("token_logprobs"),
+            token_behaviour=token_behaviour,
             has_token_behaviour=inputs.get("has_token_logprobs"),
+            token_weight=weight,
         )
+        stats.update(tis)
     if grpo.beta > 0:
         kl = _kl_to_reference(model, inputs, token_logps)
         loss = loss + grpo.beta * kl
@@ -846,6 +866,9 @@ def train_grpo(cfg: GRPOConfig) -> TrainResult:
     from halo_train import vlm
     from halo_train.backends import base_model_path
 
+    if cfg.tis_cap:
+        raise TrainConfigError("--tis-cap weighs each row by the trainer's score before the update, which the persistent "
+                               "learner computes: use it with halo-train online-grpo")
     vision = is_vlm(base_model_path(cfg.base_model))
 
     def make_dataset(cfg_, read, tokenizer):

@@ -228,7 +228,8 @@ class Learner:
             "update_train_seconds": train_seconds,
             "update_measure_seconds": measure_seconds,
         }
-        for key in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
+        for key in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                    "engine_log_ratio_mean", "engine_log_ratio_max", "engine_tis_truncated"):
             if step_log and key in step_log[0]:
                 metrics["kl_to_base" if key == "kl" else key] = mean(key)
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
@@ -244,8 +245,33 @@ class Learner:
         if not rows:
             raise NoTrainingSignalError(f"no rows left to train on (read {read.table.num_rows}, dropped {dropped})")
         collate = GRPOCollator(getattr(self.tokenizer, "tokenizer", self.tokenizer).pad_token_id, encoder)
+        if cfg.tis_cap:
+            if cfg.choice_softmax or encoder is not None:
+                raise TrainConfigError("--tis-cap weighs token-exact rows of text models: drop it with --choice-softmax "
+                                       "or a vision-language base model")
+            self._score_before_update(rows, collate)
         clip = clip_range(cfg)
         return rows, collate, lambda batch: batch_loss(self.model, batch, cfg, clip), read.lineage, {**extra, "dropped_rows": dropped}
+
+    def _score_before_update(self, rows: list[dict[str, Any]], collate) -> None:
+        """Each token-exact row's ``trainer_logprobs``: the trainer's logprob of each stored token under the weights
+        before this update (the distribution its stored logprobs are of), for truncated importance sampling."""
+        import torch
+
+        from halo_train.grpo import _processed
+        from halo_train.vlm import model_inputs
+
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for chunk in _chunks(list(range(len(rows))), self.options.batch_size):
+                    batch = _to_device(collate([rows[i] for i in chunk]), self.model.device)
+                    logps = _processed(self.model(**model_inputs(batch)).logits[:, :-1].float(), batch).cpu()
+                    for j, i in enumerate(chunk):
+                        if rows[i].get("token_logprobs") is not None:
+                            rows[i]["trainer_logprobs"] = logps[j, : len(rows[i]["input_ids"]) - 1].tolist()
+        finally:
+            self.model.train()
 
     def _dpo_rows(self, cfg: DPOConfig):
         """DPO's pairs as items: each side's prompt and completion tokens (the stored ids where the pair has them,

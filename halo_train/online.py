@@ -99,6 +99,9 @@ class OnlineConfig(ServedLoopConfig):
     beta: float = _field(0.0, "KL coefficient of each update against the base model (adapter disabled); 0: none.")
     epsilon: float = _field(0.2, "Lower clip range of each update's importance ratio against the stored logprobs (see halo-train grpo).")
     epsilon_high: float | None = _field(None, "Upper clip range; --epsilon by default (DAPO uses 0.28). Covered choices all carry advantages of 0 or more, so only this bound clips them.")
+    tis_cap: float | None = _field(None, "Truncated importance sampling for an engine/trainer mismatch: each token's loss "
+                                   "weighted by min(pi_trainer / pi_engine, CAP), the ratio taken against the trainer's score "
+                                   "before the update (halo-train grpo --tis-cap); off by default.")
     max_staleness: int = _field(1, "Train on rows at most this many versions older than the weights being updated.")
     replay_iterations: int = _field(1, "Each update reads the groups of this many latest iterations (this one included); --max-staleness still drops rows sampled by versions too old.")
     lr: float = _field(1e-5, "Learning rate (AdamW), constant after --warmup-steps.")
@@ -150,6 +153,8 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions")
         if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
             raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
+        if self.tis_cap is not None and (self.tis_cap <= 0 or self.learner != "persistent"):
+            raise OnlineError(f"--tis-cap must be positive and goes with the persistent learner (--learner persistent), got {self.tis_cap} with --learner {self.learner}")
         if self.pipeline and self.max_staleness < 1:
             raise OnlineError(f"--pipeline trains each update on rows one version stale: give --max-staleness 1 or more, not {self.max_staleness}")
 
@@ -502,6 +507,7 @@ def _update_config(cfg: OnlineConfig, rollout_runs: list[str], served: Served, t
         # names ('0', '1', ...) but come from another policy.
         params={**_view_weights(cfg), "group_scope": "run", "omega": cfg.omega},
         beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
+        tis_cap=cfg.tis_cap,
     )
 
 

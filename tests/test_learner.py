@@ -100,3 +100,46 @@ def test_the_same_learner_trains_dpo_pairs_with_the_sigmoid_loss(setup):
     assert {"rewards/chosen", "rewards/margins", "rewards/accuracies"} <= result.metrics.keys()
     with pytest.raises(Exception, match="sigmoid"):
         learner.update(DPOConfig(lake=cfg.lake, base_model=cfg.base_model, runs=[RUN], loss_type=["ipo"]))
+
+
+def test_truncated_importance_sampling_takes_ratios_against_the_trainer_and_caps_the_engines_gap(setup):
+    """Stored logprobs from an engine that computes differently (here: the trainer's own, shifted by a known gap):
+    with --tis-cap the ratio is taken against the trainer's score before the update (1 at the first step, nothing
+    clipped), and each token's loss is weighted by min(pi_trainer / pi_engine, cap)."""
+    import math
+
+    from halo_data import prompts
+    from halo_train.grpo import GRPOCollator, _processed, batch_loss, clip_range, tokenize_member
+
+    cfg, options = setup
+    learner = Learner.start(cfg, options)
+    tokenizer = learner.tokenizer
+    collate = GRPOCollator(tokenizer.pad_token_id)
+    rows = []
+    for i, text in enumerate(["click('3')", "click('12')"]):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        stored = {"completion_token_ids": ids, "logprobs": [0.0] * len(ids), "logprobs_mode": "processed_logprobs",
+                  "draw": "sample", "choices": None, "temperature": 1.0}
+        prompt = prompts.dumps([{"role": "user", "content": f"Click button {i}."}])
+        encoded = tokenize_member(tokenizer, prompt, text, 64, stored)
+        rows.append({**encoded, "advantage": 1.0 - 2 * i, "logprob_sum": None, "episode_reward": 1.0 - i, "episode_group_std": 0.7})
+    with torch.no_grad():  # the engine's logprobs: the trainer's, each token 0.5 nats more likely
+        batch = collate(rows)
+        trainer = _processed(learner.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float(), batch)
+    for j, row in enumerate(rows):
+        row["token_logprobs"] = [v + 0.5 if m else 0.0 for v, m in zip(trainer[j].tolist(), row["completion_mask"][1:])]
+    plain_cfg = cfg
+    tis_cfg = GRPOConfig(**{**cfg.to_dict(), "tis_cap": 2.0})
+
+    _, plain = batch_loss(learner.model, collate(rows), plain_cfg, clip_range(plain_cfg))
+    assert plain["importance_ratio_mean"] == pytest.approx(math.exp(-0.5), rel=1e-3)  # the engine's gap as a ratio
+
+    learner._score_before_update(rows, collate)
+    _, tis = batch_loss(learner.model, collate(rows), tis_cfg, clip_range(tis_cfg))
+    assert tis["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5) and tis["clip_ratio"] == 0.0
+    assert tis["engine_log_ratio_mean"] == pytest.approx(0.5, abs=1e-4) and tis["engine_tis_truncated"] == 0.0
+
+    with pytest.raises(Exception, match="persistent learner"):
+        from halo_train.grpo import train_grpo
+
+        train_grpo(tis_cfg)
