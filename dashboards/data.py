@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 
 from halo_data.config import ViewParams
@@ -57,16 +58,16 @@ def _versions(root: str) -> tuple[tuple[str, int], ...]:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _connection(root: str, versions: tuple[tuple[str, int], ...]) -> duckdb.DuckDBPyConnection:
+def _connection(root: str, versions: tuple[tuple[str, int], ...], runs: tuple[str, ...] | None = None) -> duckdb.DuckDBPyConnection:
     # Pinned to the versions in the key, so every query under this key sees one snapshot
     # even if a writer commits meanwhile. Queries run on cursors (one per query) because
-    # Streamlit serves sessions from several threads.
-    log.info("opening lake %s at %s", root, dict(versions))
-    return Lake.open(root).connect(as_of=dict(versions))
+    # Streamlit serves sessions from several threads. With ``runs``: those runs' rows alone, from their files alone.
+    log.info("opening lake %s at %s%s", root, dict(versions), f" for {len(runs)} runs" if runs else "")
+    return Lake.open(root).connect(as_of=dict(versions), runs=list(runs) if runs is not None else None)
 
 
-def _cursor(root: str, versions: tuple[tuple[str, int], ...]) -> duckdb.DuckDBPyConnection:
-    cursor = reader_cursor(_connection(root, versions))
+def _cursor(root: str, versions: tuple[tuple[str, int], ...], runs: tuple[str, ...] | None = None) -> duckdb.DuckDBPyConnection:
+    cursor = reader_cursor(_connection(root, versions, runs))
     # DuckDB variables belong to a connection, not its database: the views' weights and
     # parameters must be set on every cursor (the dashboard shows the default weights).
     set_params(cursor, ViewParams())
@@ -85,12 +86,33 @@ def _thaw(params: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
 
 
 @st.cache_data(max_entries=512, show_spinner=False)
-def _query_df(root: str, versions: tuple[tuple[str, int], ...], sql: str, params: tuple[tuple[str, Any], ...]) -> pd.DataFrame:
-    cursor = _cursor(root, versions)
+def _query_df(root: str, versions: tuple[tuple[str, int], ...], sql: str, params: tuple[tuple[str, Any], ...],
+              runs: tuple[str, ...] | None = None) -> pd.DataFrame:
+    cursor = _cursor(root, versions, runs)
     try:
         return cursor.execute(sql, _thaw(params) or None).df()
     finally:
         cursor.close()
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _steps_by_run(root: str, versions: tuple[tuple[str, int], ...]) -> pd.DataFrame:
+    """Rows and files of ``steps`` per run, from the snapshot's log (file statistics): no data file is opened."""
+    actions = pa.table(Lake.open(root).table("steps", dict(versions)["steps"]).get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return pd.DataFrame({"run_id": pd.Series(dtype=str), "steps": pd.Series(dtype="int64"), "files": pd.Series(dtype="int64")})
+    frame = pd.DataFrame({"run_id": actions.column("partition.run_id").to_pylist(),
+                          "steps": [n or 0 for n in actions.column("num_records").to_pylist()]})
+    return frame.groupby("run_id", as_index=False).agg(steps=("steps", "sum"), files=("steps", "size"))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _run_starts(root: str, versions: tuple[tuple[str, int], ...]) -> pd.DataFrame:
+    """run_id, started_at of every ``runs`` row, newest first (the runs table alone is opened)."""
+    return Lake.open(root).query_arrow(
+        "select run_id, started_at from runs order by started_at desc nulls last, run_id",
+        as_of=dict(versions), views=False, tables=("runs",),
+    ).to_pandas()
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -120,9 +142,21 @@ class Snapshot:
     def lake(self) -> Lake:
         return Lake.open(self.root)
 
-    def df(self, sql: str, params: Mapping[str, Any] | None = None) -> pd.DataFrame:
-        """Run an aggregate query; the result must be small (it is cached and copied)."""
-        return _query_df(self.root, self.versions, sql, _freeze(params))
+    def df(self, sql: str, params: Mapping[str, Any] | None = None, runs: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+        """Run an aggregate query; the result must be small (it is cached and copied). ``runs``: over those runs'
+        rows alone, reading their files alone (``halo_data.reader.connect``)."""
+        return _query_df(self.root, self.versions, sql, _freeze(params), tuple(sorted(runs)) if runs is not None else None)
+
+    def steps_by_run(self) -> pd.DataFrame:
+        """run_id, steps, files of every run with steps, from the log alone."""
+        return _steps_by_run(self.root, self.versions)
+
+    def run_starts(self) -> pd.DataFrame:
+        """run_id, started_at of every run with a ``runs`` row, newest first."""
+        return _run_starts(self.root, self.versions)
+
+    def has_steps(self) -> bool:
+        return bool(self.steps_by_run()["steps"].sum() > 0)
 
     def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         frame = self.df(sql, params)
@@ -149,7 +183,7 @@ def lake_status(root: str) -> tuple[LakeStatus, Snapshot | None]:
         return LakeStatus(root, False, f"cannot read the lake at {root}: {first}"), None
     snap = Snapshot(root, versions)
     try:
-        has_steps = bool(snap.scalar("select count(*) > 0 from (select 1 from steps limit 1)"))
+        has_steps = snap.has_steps()
     except Exception as e:
         log.exception("cannot query lake %s", root)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -176,7 +210,7 @@ def require_steps(snap: Snapshot | None) -> bool:
     """True when the lake holds episodes; otherwise explains how to get some."""
     if snap is None:
         return False
-    if not snap.scalar("select count(*) > 0 from (select 1 from steps limit 1)"):
+    if not snap.has_steps():
         st.info(
             f"The lake at {snap.root} has no episodes yet. Collect some with "
             f"`halo-agent rollout --lake {snap.root} ...` or import them with "

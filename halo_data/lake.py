@@ -224,9 +224,12 @@ class Lake:
         # log, which was ~40% of a writer's flush (measured); the cache is brought up to date
         # incrementally before each append.
         self._append_tables: dict[str, Any] = {}
+        # Snapshots ``versions()`` opened, by (table, version): a read that pins those versions next
+        # (``connect(as_of=lake.versions())``, as training jobs do) reuses them instead of replaying each log again.
+        self._snapshots: dict[tuple[str, int], Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_append_tables": {}}
+        return {**self.__dict__, "_append_tables": {}, "_snapshots": {}}
 
     # ------------------------------------------------------------------ open / init
     @classmethod
@@ -359,10 +362,17 @@ class Lake:
     def table(self, name: str, version: int | dt.datetime | None = None):
         from deltalake import DeltaTable
 
+        if isinstance(version, int):
+            cached = self._snapshots.get((name, version))
+            if cached is not None and cached.version() == version:
+                return cached
         try:
-            dtab = DeltaTable(self.table_uri(name), storage_options=self.storage_options)
-            if version is not None:
-                dtab.load_as_version(version)
+            if isinstance(version, int):  # opened at the version: the log is replayed once, not to its end and back
+                dtab = DeltaTable(self.table_uri(name), version=version, storage_options=self.storage_options)
+            else:
+                dtab = DeltaTable(self.table_uri(name), storage_options=self.storage_options)
+                if version is not None:
+                    dtab.load_as_version(version)
         except LakeError:
             raise
         except Exception as e:  # delta-rs raises several types for a missing table/version
@@ -371,7 +381,12 @@ class Lake:
 
     def versions(self) -> dict[str, int]:
         """Current version of every table (what a training run records as lineage)."""
-        return {name: self.table(name).version() for name in S.TABLES}
+        out = {}
+        for name in S.TABLES:
+            dtab = self.table(name)
+            out[name] = dtab.version()
+            self._snapshots[(name, out[name])] = dtab
+        return out
 
     def files(self, name: str, version: int | dt.datetime | None = None) -> list[str]:
         uris = self.table(name, version).file_uris()

@@ -46,6 +46,14 @@ def _duplicate_screenshot_prefixes(lake: Lake) -> list[str]:
     return sorted(r[0] for r in rows)
 
 
+# Compaction packs a partition's files into files of up to this size and never rewrites one already past it.
+# Tables partitioned by run keep each finished run in its own partition, which compaction leaves alone once it is
+# one file; screenshots are partitioned by hash, so every run adds small files to old partitions: under delta-rs's
+# default target (100 MiB) each compaction rewrote every partition whole, a cost that grew with the lake. At 16 MiB
+# a compaction rewrites at most 16 MiB per partition, whatever the lake's size.
+COMPACT_TARGET_SIZE = {"screenshots": 16 * 1024 * 1024}
+
+
 def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
     """Drop screenshot copies, then merge small files of every table.
 
@@ -82,8 +90,8 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
     for name in S.TABLES:
         dtab = lake.table(name)
         kwargs: dict[str, Any] = {"commit_properties": CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES)}
-        if target_size:
-            kwargs["target_size"] = target_size
+        if target_size or name in COMPACT_TARGET_SIZE:
+            kwargs["target_size"] = target_size or COMPACT_TARGET_SIZE[name]
         metrics = dtab.optimize.compact(writer_properties=writer_properties(name), **kwargs)
         report["tables"][name] = {
             "files_removed": metrics.get("numFilesRemoved", 0),

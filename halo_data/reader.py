@@ -54,6 +54,24 @@ def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
     return ", ".join(parts)
 
 
+_SAME_COLUMNS: dict[tuple[str, str, tuple[str, ...]], bool] = {}
+
+
+def _same_columns_in_every_file(lake: "Lake", name: str, dtab: Any, table_schema: pa.Schema) -> bool:
+    """True when the table's columns are those it was created with: HALO writes every column into every file, so
+    only columns added later (an older lake's schema evolved) can be missing from some files."""
+    key = (lake.table_uri(name), dtab.metadata().id, tuple(table_schema.names))
+    if key not in _SAME_COLUMNS:
+        from halo_data.lake import LakeError
+
+        try:
+            first = pa.schema(lake.table(name, 0).schema().to_arrow())
+        except LakeError:  # version 0's log entry cleaned up: nothing to say when columns were added
+            return False
+        _SAME_COLUMNS[key] = first.names == table_schema.names
+    return _SAME_COLUMNS[key]
+
+
 def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, version: Any = None,
                    runs: list[str] | None = None) -> None:
     """Table ``name`` as a view of its snapshot; with ``runs``, of those runs' rows only (a table partitioned by
@@ -71,7 +89,10 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
         if files:
             hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
             hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
-            source = f"read_parquet({_sql_list(files)}, union_by_name=true{hive})"
+            # union_by_name reads every file's schema each time a query or view binds the table (O(files) per
+            # bind); files that all hold the same columns are matched by name from the first file's schema.
+            union = "false" if _same_columns_in_every_file(lake, name, dtab, table_schema) else "true"
+            source = f"read_parquet({_sql_list(files)}, union_by_name={union}{hive})"
             # After schema evolution the table's schema lists columns that older files lack, and
             # read_parquet only knows the columns its files hold: project what the files really have.
             have = {d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description}
@@ -122,6 +143,9 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     elif isinstance(params, dict):
         params = ViewParams().override(**params)
     as_of_parsed = parse_as_of(as_of) if not isinstance(as_of, (dict, dt.datetime)) else as_of
+    if tables is None and isinstance(views, str):
+        # a query opens the tables it (and its views) name, not every table of the lake
+        tables = tables_needed(views)
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
     # A Delta table's data files never change once written: read each footer once per connection,
@@ -141,6 +165,20 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     elif views:
         create_views(con)
     return con
+
+
+def tables_needed(sql: str) -> tuple[str, ...] | None:
+    """The tables ``sql`` and the views it needs read (a word-level over-estimate); None (all) for a catalog query."""
+    import re
+
+    from halo_data.views import _CATALOG, all_views, views_needed
+
+    if _CATALOG.search(sql):
+        return None
+    needed = set(views_needed(sql))
+    text = "\n".join([sql, *(v.sql for v in all_views() if v.name in needed)])
+    words = {w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)}
+    return tuple(n for n in S.TABLES if n in words or RAW_TABLE_NAMES.get(n) in words)
 
 
 def runs_named(where: str | None) -> list[str] | None:

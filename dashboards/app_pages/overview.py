@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import altair as alt
 import streamlit as st
 
@@ -71,16 +73,42 @@ SELECT
 FROM steps
 """
 
+# Beyond this many runs the page summarises the newest of them, read from their files alone: its first render
+# costs the same in a lake of a thousand runs as in one of fifty (the totals of steps and runs come from the log).
+NEWEST_RUNS = int(os.environ.get("HALO_DASHBOARD_OVERVIEW_RUNS", "50"))
+
+
+def summarised_runs(snap: data.Snapshot) -> tuple[list[str] | None, int]:
+    """(the runs the page summarises, None for all; how many runs the lake has)."""
+    with_steps = snap.steps_by_run()
+    newest = snap.run_starts()["run_id"].tolist()
+    # runs with steps but no runs row (an import, a run killed before its row) sort after the listed ones
+    newest += sorted(set(with_steps["run_id"]) - set(newest))
+    if len(newest) <= NEWEST_RUNS:
+        return None, len(newest)
+    return newest[:NEWEST_RUNS], len(newest)
+
+
 st.title("Overview")
 snap = data.current_snapshot()
 if snap is not None:
-    runs = snap.df(RUNS_SQL)
+    scope, n_runs = summarised_runs(snap)
+    runs = snap.df(RUNS_SQL, runs=scope)
     if data.require_steps(snap):
-        totals = snap.df(TOTALS_SQL).iloc[0]
         c1, c2, c3 = st.columns(3)
-        c1.metric("Runs with episodes", f"{int(totals['runs']):,}")
-        c2.metric("Episodes", f"{int(totals['episodes']):,}")
-        c3.metric("Steps", f"{int(totals['steps']):,}")
+        if scope is None:
+            totals = snap.df(TOTALS_SQL).iloc[0]
+            c1.metric("Runs with episodes", f"{int(totals['runs']):,}")
+            c2.metric("Episodes", f"{int(totals['episodes']):,}")
+            c3.metric("Steps", f"{int(totals['steps']):,}")
+        else:
+            with_steps = snap.steps_by_run()
+            shown = snap.df(TOTALS_SQL, runs=scope).iloc[0]
+            c1.metric("Runs with episodes", f"{int((with_steps['steps'] > 0).sum()):,}")
+            c2.metric(f"Episodes (newest {len(scope)} runs)", f"{int(shown['episodes']):,}")
+            c3.metric("Steps", f"{int(with_steps['steps'].sum()):,}")
+            st.caption(f"The tables below summarise the newest {len(scope)} of the lake's {n_runs:,} runs "
+                       "(HALO_DASHBOARD_OVERVIEW_RUNS sets how many); the SQL page reads them all.")
     if not runs.empty:
         st.subheader("Runs")
         st.dataframe(
@@ -93,7 +121,7 @@ if snap is not None:
                 "started": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm"),
             },
         )
-    matrix = snap.df(EVAL_MATRIX_SQL) if not runs.empty else None
+    matrix = snap.df(EVAL_MATRIX_SQL, runs=scope) if not runs.empty else None
     if matrix is not None and not matrix.empty:
         st.subheader("Eval matrix (mode × site)")
         st.dataframe(matrix, hide_index=True, width="stretch")
@@ -112,7 +140,7 @@ if snap is not None:
             base.mark_bar().encode(y=alt.Y("median_steps:Q", title="median steps")).properties(title="Median steps"),
             width="stretch",
         )
-    cost = snap.df(COST_SQL) if not runs.empty else None
+    cost = snap.df(COST_SQL, runs=scope) if not runs.empty else None
     if cost is not None and not cost.empty:
         st.subheader("Cost per mode")
         st.caption("Tokens as the endpoints reported them (usage); cost from the price table at collection time "
@@ -127,7 +155,7 @@ if snap is not None:
                 "cache_hit_rate": st.column_config.ProgressColumn("cache hit rate", format="percent", min_value=0, max_value=1),
             },
         )
-        per_model = snap.df(MODEL_COST_SQL)
+        per_model = snap.df(MODEL_COST_SQL, runs=scope)
         if not per_model.empty:
             st.markdown("Tokens in and out per model")
             st.dataframe(per_model, hide_index=True, width="stretch")
