@@ -11,8 +11,10 @@ Both servers run the same model (``python -m halo_agent.chat_server``, each with
 rollouts (``halo-agent rollout --policy openai --policy-option constrain_actions=true --observation elements``,
 the same task seeds, attempts and policy seed) run against one server, then the other, the order swapped from
 task to task, so load on the machine falls on both arms alike. Per arm: steps / the rollouts' wall seconds,
-and where a step's time goes: the server's engine seconds (its ``/metrics``), the rest (the browser, the
-policy client, the lake). The result is written to ``bench/results/serving/<time>.json``.
+and where a step's time goes (``split``): the engine's prefill and draw (its ``/metrics``, the prefills timed by
+the wrapper ``timed_server``), the server's HTTP and JSON (a timing proxy between rollout and server), the policy
+client, the browser (``env_ms``), the lake (the sampler's count) and the rest. The result is written to
+``bench/results/serving/<time>.json``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ COMPARISONS = {
 
 
 def start_server(model: str, options: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "halo_agent.chat_server", "--model", model, "--served-model-name", "policy",
+    # The chat server as `python -m halo_agent.chat_server` runs it, with its prompt prefills timed (timed_server)
+    command = [sys.executable, "-m", "bench.serving", "--timed-server", "--model", model, "--served-model-name", "policy",
                "--port", "0", *options, "--parent-pid", str(os.getpid())]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
@@ -47,6 +50,135 @@ def start_server(model: str, options: list[str], log_path: Path) -> tuple[subpro
         proc.kill()
         raise SystemExit(f"Error: the chat server ({shlex.join(options) or 'its defaults'}) did not start; see {log_path}")
     return proc, line.split(" at ", 1)[1].split()[0]
+
+
+PREFILL_METRIC = "halo_bench_prefill_seconds_total"
+
+
+def timed_server(argv: list[str]) -> int:
+    """``halo_agent.chat_server``'s main with the seconds spent prefilling prompts (the prompt cache's prefill and
+    prefill_many) added to its /metrics as ``halo_bench_prefill_seconds_total``: the engine's time splits into
+    prefill and the rest (scoring and drawing the choices), measured without changing the server."""
+    import threading
+    import time
+
+    from halo_agent import chat_server
+    from halo_agent.policies import prefix_cache
+
+    spent = {"seconds": 0.0}
+    lock = threading.Lock()
+
+    def timed(method):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                with lock:
+                    spent["seconds"] += time.perf_counter() - started
+        return wrapper
+
+    for name in ("prefill", "prefill_many"):
+        setattr(prefix_cache.PromptCache, name, timed(getattr(prefix_cache.PromptCache, name)))
+    plain_metrics = chat_server.ChatCompletionServer.metrics
+    chat_server.ChatCompletionServer.metrics = lambda self: plain_metrics(self) + f"{PREFILL_METRIC} {spent['seconds']:.6f}\n"
+    return chat_server.main(argv)
+
+
+class TimingProxy:
+    """A reverse proxy on loopback between the rollout and the chat server: the seconds from each request
+    forwarded to its answer read back (the server's HTTP, JSON and engine), and the requests."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.client
+        import threading
+        import time
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        target = urllib.parse.urlparse(upstream)
+        self.seconds, self.requests = 0.0, 0
+        lock, local = threading.Lock(), threading.local()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "content-length")}
+                started = time.perf_counter()
+                if getattr(local, "conn", None) is None:
+                    local.conn = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
+                try:
+                    local.conn.request(self.command, self.path, body=body or None, headers=headers)
+                    answer = local.conn.getresponse()
+                    data = answer.read()
+                except (OSError, http.client.HTTPException):
+                    local.conn.close()
+                    local.conn = None
+                    raise
+                with lock:
+                    proxy.seconds += time.perf_counter() - started
+                    proxy.requests += 1
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("connection", "content-length", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{target.path}"
+
+    def take(self) -> tuple[float, int]:
+        """(seconds, requests) since the last call."""
+        seconds, requests = self.seconds, self.requests
+        self.seconds, self.requests = 0.0, 0
+        return seconds, requests
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def step_times(lake: Path, run_id: str) -> dict[str, float]:
+    """The run's steps, and the seconds its policy calls (latency_ms) and environment steps (env_ms) took in all."""
+    from halo_data.lake import Lake
+
+    rows = Lake.open(str(lake)).query_arrow(
+        "select count(*) as steps, sum(latency_ms) / 1000 as policy, sum(env_ms) / 1000 as env from steps where run_id = $r",
+        {"r": run_id}).to_pylist()
+    return {k: float(v or 0.0) for k, v in rows[0].items()}
+
+
+def split(rows: list[dict]) -> dict[str, float]:
+    """Where a step's wall time went, in seconds per step, over ``rows`` (the rollouts of one arm):
+    engine prefill and draw (the server's engine thread), the server's HTTP and JSON (the proxy's round trips
+    less the engine), the policy client (its calls less the round trips: prompt, request, parsing), the browser
+    (env_ms), the lake (the sampler's own count of its writes) and the rest (resets, episode starts, workers)."""
+    steps = sum(r["steps"] for r in rows) or 1
+    workers = max(r.get("workers", 1) for r in rows)
+    # several workers: the workers' seconds run side by side, so they are shares of workers x wall seconds
+    wall = sum(r["wall_seconds"] for r in rows) * workers
+    engine = sum(r["engine_seconds"] for r in rows)
+    prefill = sum(r["prefill_seconds"] for r in rows)
+    round_trips = sum(r["round_trip_seconds"] for r in rows)
+    policy = sum(r["policy_seconds"] for r in rows)
+    browser = sum(r["env_seconds"] for r in rows)
+    lake = sum(r["lake_seconds"] for r in rows)
+    out = {"engine_prefill": prefill, "engine_draw": engine - prefill, "server_http_json": round_trips - engine,
+           "policy_client": policy - round_trips, "browser": browser, "lake": lake}
+    out["other"] = wall - sum(out.values())
+    return {k: v / steps for k, v in out.items()} | {"wall": wall / steps}
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -76,6 +208,8 @@ def client_latency_ms(lake: Path, run_id: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["--timed-server"]:
+        sys.exit(timed_server((sys.argv[1:] if argv is None else argv)[1:]))
     parser = argparse.ArgumentParser(prog="python -m bench serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or known name")
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="scoring",
@@ -97,15 +231,19 @@ def main(argv: list[str] | None = None) -> None:
     order = tuple(arm_options)  # the ratio is the second arm's steps/s over the first's
     work = Path(tempfile.mkdtemp(prefix="halo-bench-serving-"))
     servers = {arm: start_server(args.model, arm_options[arm], work / f"server-{arm}.log") for arm in order}
+    proxies = {arm: TimingProxy(servers[arm][1]) for arm in order}
     rows = []
     try:
         for k, task in enumerate(args.tasks.split(",")):
             for arm in (order if k % 2 == 0 else order[::-1]):
                 _, url = servers[arm]
                 before, load_before = metrics(url), os.getloadavg()[0]
-                summary, command = rollout(args, task, url, work / f"lake-{arm}", f"{arm}-{task}", workers)
+                proxies[arm].take()
+                summary, command = rollout(args, task, proxies[arm].url, work / f"lake-{arm}", f"{arm}-{task}", workers)
+                round_trips, proxied = proxies[arm].take()
                 after = metrics(url)
                 engine = {name: after[name] - before.get(name, 0.0) for name in after}
+                times = step_times(work / f"lake-{arm}", f"{arm}-{task}")
                 rows.append({
                     "arm": arm, "task": task, "steps": summary["steps"], "successes": summary["successes"],
                     "episodes": summary["episodes_written"], "wall_seconds": summary["wall_seconds"],
@@ -118,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
                     "batched_requests": int(engine.get("halo_chat_batched_requests_total", 0)),
                     "engine_batches": int(engine.get("halo_chat_engine_batches_total", 0)),
                     "client_latency_ms": client_latency_ms(work / f"lake-{arm}", f"{arm}-{task}"),
+                    "workers": workers, "prefill_seconds": engine.get(PREFILL_METRIC, 0.0),
+                    "round_trip_seconds": round_trips, "proxied_requests": proxied,
+                    "policy_seconds": times["policy"], "env_seconds": times["env"],
+                    "lake_seconds": (summary.get("lake_share") or 0.0) * summary["wall_seconds"],
                     "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                     "rollout_command": shlex.join(command[1:]).replace(str(work), "$WORK"),
                 })
@@ -125,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{arm:>6} {task:<12} {r['steps']:>3} steps {r['wall_seconds']:7.1f} s {r['steps_per_second']:5.2f} steps/s "
                       f"engine {r['engine_seconds'] / max(r['steps'], 1):5.2f} s/step  load {r['load_average']}", flush=True)
     finally:
+        for proxy in proxies.values():
+            proxy.close()
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
@@ -141,12 +285,14 @@ def main(argv: list[str] | None = None) -> None:
                      "prompt_tokens": sum(r["prompt_tokens"] for r in mine), "prefill_tokens": sum(r["prefill_tokens"] for r in mine),
                      "prefix_cache_hit_tokens": sum(r["prefix_cache_hit_tokens"] for r in mine),
                      "requests": sum(r["requests"] for r in mine), "batched_requests": sum(r["batched_requests"] for r in mine),
-                     "server_options": arm_options[arm]}
+                     "server_options": arm_options[arm], "split_seconds_per_step": split(mine)}
     ratio = arms[order[1]]["steps_per_second"] / arms[order[0]]["steps_per_second"]
     for arm, a in arms.items():
         print(f"{arm:>6}: {a['steps']} steps in {a['wall_seconds']:.1f} s = {a['steps_per_second']:.2f} steps/s; per step "
               f"{a['engine_seconds_per_step']:.2f} s in the engine, {a['other_seconds_per_step']:.2f} s elsewhere; "
               f"{a['successes']}/{a['episodes']} solved; {a['batched_requests']}/{a['requests']} requests batched with others")
+    for arm, a in arms.items():
+        print(f"{arm:>6} per step: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in a["split_seconds_per_step"].items()))
     print(f"{order[1]} / {order[0]}: {ratio:.2f}x, rollouts with {workers} worker(s) "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     if args.no_save:

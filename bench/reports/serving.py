@@ -11,6 +11,8 @@ from bench.reports import load_runs, provenance, table
 
 HEADERS = ["server", "workers", "steps", "wall (s)", "steps/s", "ratio", "engine s/step", "other s/step",
            "prompt tokens prefilled", "requests batched", "solved", "load", "command"]
+SPLIT = ("engine_prefill", "engine_draw", "server_http_json", "policy_client", "browser", "lake", "other", "wall")
+SPLIT_HEADERS = ["prefill", "draw", "HTTP+JSON", "policy client", "browser", "lake", "other", "wall"]
 # Results written before the batching comparison existed compare the scorings.
 SCORING = {"full": ["--score-mode", "full"], "cached": ["--score-mode", "cached"]}
 
@@ -31,4 +33,23 @@ def report(results_dir: pathlib.Path) -> str:
                          round(a["engine_seconds_per_step"], 2), round(a["other_seconds_per_step"], 2),
                          f"{prefilled:.0%}", batched, f"{a['successes']}/{a['episodes']}",
                          f"{min(loads):.0f}–{max(loads):.0f}", f"`{run['command']}`"])
-    return table(HEADERS, rows) + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
+    out = table(HEADERS, rows) + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
+    split_rows = []
+    for run in runs:
+        loads = [x for r in run["rows"] for x in r["load_average"]]
+        for arm, a in run["arms"].items():
+            if "split_seconds_per_step" not in a:  # results from before the split was measured
+                continue
+            sp = a["split_seconds_per_step"]
+            options = " ".join(a.get("server_options", [])) or "defaults"
+            split_rows.append([f"`{options}`", run.get("workers", 1), a["steps"], round(a["steps_per_second"], 2),
+                               *(round(sp[k] * 1000) for k in SPLIT), f"{min(loads):.0f}–{max(loads):.0f}",
+                               f"`{run['command']}`"])
+    if split_rows:
+        out += ("\nWhere a step's time goes, ms per step (workers x wall seconds / steps where several workers share "
+                "the wall): the engine's prefill and draw (the server's engine thread), the server's HTTP and JSON "
+                "(a timing proxy's round trips less the engine), the policy client (its calls less the round trips), "
+                "the browser (`env_ms`), the lake (the sampler's count) and the rest. Target: >= 3 steps/s on an idle "
+                "machine.\n\n")
+        out += table(["server", "workers", "steps", "steps/s", *SPLIT_HEADERS, "load", "command"], split_rows)
+    return out
