@@ -224,9 +224,9 @@ class Lake:
         # log, which was ~40% of a writer's flush (measured); the cache is brought up to date
         # incrementally before each append.
         self._append_tables: dict[str, Any] = {}
-        # Snapshots ``versions()`` opened, by (table, version): a read that pins those versions next
+        # The snapshot of each table last opened here: a read that pins the versions it just looked up
         # (``connect(as_of=lake.versions())``, as training jobs do) reuses them instead of replaying each log again.
-        self._snapshots: dict[tuple[str, int], Any] = {}
+        self._snapshots: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_append_tables": {}, "_snapshots": {}}
@@ -363,8 +363,8 @@ class Lake:
         from deltalake import DeltaTable
 
         if isinstance(version, int):
-            cached = self._snapshots.get((name, version))
-            if cached is not None and cached.version() == version:
+            cached = self._snapshots.get(name)
+            if cached is not None and cached.version() == version:  # a caller's commit through it moved its version
                 return cached
         try:
             if isinstance(version, int):  # opened at the version: the log is replayed once, not to its end and back
@@ -377,16 +377,13 @@ class Lake:
             raise
         except Exception as e:  # delta-rs raises several types for a missing table/version
             raise LakeError(f"cannot open table {name} of {self.root}{'' if version is None else f' at {version}'}: {e}") from None
+        if version is None:
+            self._snapshots[name] = dtab
         return dtab
 
     def versions(self) -> dict[str, int]:
         """Current version of every table (what a training run records as lineage)."""
-        out = {}
-        for name in S.TABLES:
-            dtab = self.table(name)
-            out[name] = dtab.version()
-            self._snapshots[(name, out[name])] = dtab
-        return out
+        return {name: self.table(name).version() for name in S.TABLES}
 
     def files(self, name: str, version: int | dt.datetime | None = None) -> list[str]:
         uris = self.table(name, version).file_uris()
