@@ -213,6 +213,7 @@ class Learner:
             return sum(values) / len(values) if values else 0.0
 
         metrics = {
+            **{key: mean(key) for key in (step_log[0] if step_log else {})},  # every loss statistic, as a job logs them
             "rows_trained": float(len(trained)),
             "rows_read": float(len(rows)),
             "optimizer_steps": float(len(step_log)),
@@ -228,10 +229,6 @@ class Learner:
             "update_train_seconds": train_seconds,
             "update_measure_seconds": measure_seconds,
         }
-        for key in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-                    "engine_log_ratio_mean", "engine_log_ratio_max", "engine_tis_truncated"):
-            if step_log and key in step_log[0]:
-                metrics["kl_to_base" if key == "kl" else key] = mean(key)
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
 
     def _grpo_rows(self, cfg: GRPOConfig):

@@ -300,7 +300,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
         "job_type": train.job_type, "learner": "persistent", "run_id": train.run_id, "policy_version": str(learner.version),
         "source_view": source_view, "where": train.where, "view_params": train.view_params(), "runs": train.scoped_runs(),
         "learner_step": learner.step, "lineage": result.lineage, "rows": result.rows, "optimizer_steps": result.optimizer_steps,
-        "config": train.to_dict(), "update_metrics": metrics, **result.extra,
+        "config": train.to_dict(), "metrics": result.metrics, "update_metrics": metrics, **result.extra,
     }
     record_run(lake, run_id=train.run_id, job_type=train.job_type, base_model=base_model_path(cfg.base_model),
                config_json=train.to_json(), source_view=source_view, lineage=result.lineage, output_dir=str(final.resolve()),

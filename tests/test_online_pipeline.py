@@ -145,7 +145,7 @@ with open({record!r}, "w") as f:
     json.dump({{"argv": args, "runtime_lora": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
                "pid": os.getpid(), "pgid": os.getpgid(0)}}, f)
 flags = {{"--host": 1, "--port": 1, "--enable-lora": 0, "--max-loras": 1, "--max-lora-rank": 1, "--max-model-len": 1,
-         "--logprobs-mode": 1}}
+         "--logprobs-mode": 1, "--generation-config": 1}}
 i = 2
 while i < len(args):  # vLLM's own argument parser refuses what it does not know; so does this one
     if args[i] not in flags:
