@@ -35,6 +35,14 @@ INFO_PATH = "meta/info.json"
 MAX_COMMIT_RETRIES = 1000
 
 
+# Per table, the columns of long free text: no dictionary, no statistics.
+LONG_TEXT_COLUMNS = {
+    "steps": ("observation", "prompt", "model_output", "extra"),
+    "candidates": ("prompt", "model_output"),
+    "mcts_nodes": ("prompt", "model_output", "goal"),
+}
+
+
 def writer_properties(table: str | None = None):
     """Parquet settings of the files HALO writes to ``table``.
 
@@ -50,13 +58,15 @@ def writer_properties(table: str | None = None):
             compression="UNCOMPRESSED",
             column_properties={"image": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")},
         )
-    if table == "steps":
-        # Long unique texts: trying a dictionary first and falling back costs time and saves nothing.
+    if table in LONG_TEXT_COLUMNS:
+        # Long unique texts: trying a dictionary first and falling back costs time and saves nothing, and their
+        # min/max statistics (whole prompts) would go into every file's entry in the Delta log, which every reader
+        # replays: candidates' entries were ~10 kB each with them.
         plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
         return WriterProperties(
             compression="ZSTD",
             compression_level=3,
-            column_properties={c: plain for c in ("observation", "prompt", "model_output", "extra")},
+            column_properties={c: plain for c in LONG_TEXT_COLUMNS[table]},
         )
     return WriterProperties(compression="ZSTD", compression_level=3)
 
