@@ -287,8 +287,10 @@ def main(argv: list[str] | None = None) -> None:
         res.update({"steps": steps, "growth": growth})
         progress["sizes"][name] = res
         progress_path.write_text(json.dumps(progress, indent=2, default=str))
+    limit = args.memory_limit.strip().upper()
+    limit_gb = float(limit[:-2]) / (1000 if limit.endswith("MB") else 1) if limit.endswith(("GB", "MB")) else None
     result = {"campaign": progress["campaign"], "spec": progress["spec"], "sizes": progress["sizes"],
-              "summary": summary(progress["sizes"]), "targets": TARGETS}
+              "summary": summary(progress["sizes"]), "targets": TARGETS, "memory_limit_gb": limit_gb}
     path = save("lake-growth", result, argv)
     print(json.dumps(result["summary"], indent=2))
     print(f"results: {path.relative_to(ROOT)}")
