@@ -98,7 +98,7 @@ def screen_first_pages(p: Protocol, tasks: list[str], echo: Callable[[str], None
 
 
 def verdict(row: dict[str, Any], rules: dict[str, float]) -> list[str]:
-    """The rules a task breaks (empty: it passes); a figure not measured breaks nothing yet."""
+    """The rules a task breaks (empty: it passes every rule on figures measured for it; one not measured is named)."""
     broken = []
     pages = row.get("first_pages") or {}
     if pages and pages["share_distinct"] < rules["min_distinct_first_pages"]:
@@ -108,6 +108,10 @@ def verdict(row: dict[str, Any], rules: dict[str, float]) -> list[str]:
         broken.append(f"{seen:.0%} of dev first pages appear in the training sample > {rules['max_pages_in_training']:.0%}")
     if pages and not pages.get("min_actions"):
         broken.append("a page offers no action")
+    missing = [what for what, key in (("first pages", "first_pages"), ("random", "random"), ("zero-shot", "zero_shot"))
+               if not row.get(key)]
+    if missing:
+        broken.append(f"not measured: {', '.join(missing)}")
     z = (row.get("zero_shot") or {}).get("rate")
     if z is not None and not rules["zero_shot_min"] <= z <= rules["zero_shot_max"]:
         broken.append(f"zero-shot {z:.0%} outside [{rules['zero_shot_min']:.0%}, {rules['zero_shot_max']:.0%}]")
