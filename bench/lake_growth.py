@@ -55,7 +55,7 @@ def label(n: int) -> str:
 def child(args: list[str]) -> dict[str, Any]:
     """Run ``python -m bench.measure bench.lake_growth --child ...``: its JSON line, with its peak RSS."""
     command = [sys.executable, "-m", "bench.measure", "bench.lake_growth", "--child", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:2])} failed: {(proc.stderr or proc.stdout)[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -196,7 +196,7 @@ def measure_size(lake_root: Path, size: int, generator, iteration: int, args, lo
         out = lake_root.parent / "build-out"
         command = [sys.executable, "-m", "bench.measure", "bench.lake_build", str(lake_root), str(out),
                    "--memory-limit", args.memory_limit]
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
         shutil.rmtree(out, ignore_errors=True)
         if proc.returncode != 0:
             res["full_build"] = {"failed": (proc.stderr or proc.stdout)[-500:]}

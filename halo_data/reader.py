@@ -57,7 +57,7 @@ def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
 _SAME_COLUMNS: dict[tuple[str, str, tuple[str, ...]], bool] = {}
 
 
-def _same_columns_in_every_file(lake: "Lake", name: str, dtab: Any, table_schema: pa.Schema) -> bool:
+def _same_columns_in_every_file(lake: Lake, name: str, dtab: Any, table_schema: pa.Schema) -> bool:
     """True when the table's columns are those it was created with: HALO writes every column into every file, so
     only columns added later (an older lake's schema evolved) can be missing from some files."""
     key = (lake.table_uri(name), dtab.metadata().id, tuple(table_schema.names))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import random
 import struct
@@ -416,7 +417,7 @@ class CampaignGenerator:
         parts = max(1, self.spec.commits_per_run)
         starts = [i for i, v in enumerate(steps["step_idx"].to_pylist()) if v == 0]
         cuts = [starts[len(starts) * k // parts] for k in range(parts)] + [steps.num_rows]
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             if b > a:
                 lake.append("steps", steps.slice(a, b - a))
         if candidates.num_rows:

@@ -29,7 +29,7 @@ def report(results_dir: pathlib.Path) -> str:
 
         load = max(s["load_average_before"][0] for _, s in sizes)
 
-        def row(figure: str, values: list, target: str = "", met: str = "-") -> None:
+        def row(figure: str, values: list, target: str = "", met: str = "-", load: float = load, rows: list = rows) -> None:
             if met != "-" and load > 3:  # a figure measured on a busy machine meets nothing without saying so
                 met += f", at load {load}"
             rows.append([figure, *values, target, met])
