@@ -17,7 +17,8 @@ process:
 - a lake-wide dataset build (``bench.lake_build``, DuckDB's memory limit 1GB) and its peak memory.
 
 The lake and the figures measured so far are kept in ``--workdir``: a second call continues where the first
-stopped. The result is written to ``bench/results/lake-growth/<time>.json`` (``python -m bench report lake-growth``).
+stopped. ``--s3`` grows the lake in a bucket of moto's S3 server on loopback instead (never kept) and counts the
+GET and HEAD requests of the run-scoped reads: the new run's data files, other runs' (none), the log's. The result is written to ``bench/results/lake-growth/<time>.json`` (``python -m bench report lake-growth``).
 """
 
 from __future__ import annotations
@@ -155,6 +156,81 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class MotoS3:
+    """moto's S3 server on loopback, the lake in a bucket of it (as tests/test_s3_lake.py runs it), with its
+    request recorder: which objects a read GETs. The bucket lives in the server's memory: an s3 lake is never
+    kept between calls."""
+
+    def __init__(self, work: Path) -> None:
+        import socket
+        import urllib.request
+        import uuid
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.recording = work / "moto-requests.jsonl"
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                                     env={**os.environ, "MOTO_RECORDER_FILEPATH": str(self.recording)},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"Error: moto_server did not start on {self.url}") from None
+                time.sleep(0.2)
+        # placeholder credentials of moto's server; children (reads, queries, the dashboard) inherit them
+        os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
+                           "AWS_ENDPOINT_URL": self.url, "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"})
+        import boto3
+
+        self.bucket = f"halo-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3").create_bucket(Bucket=self.bucket)
+        self.root = f"s3://{self.bucket}/lake"
+
+    def _call(self, what: str) -> None:
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}/moto-api/recorder/{what}", method="POST")
+        urllib.request.urlopen(request, timeout=30).close()
+
+    def record(self) -> None:
+        self._call("reset-recording")
+        self._call("start-recording")
+
+    def requests(self, run_id: str) -> dict[str, int]:
+        """Since ``record()``: GET and HEAD requests of data files (this run's, other runs', tables without a run
+        partition) and of Delta logs."""
+        import urllib.parse
+
+        self._call("stop-recording")
+        counts = {"run_data": 0, "other_runs_data": 0, "unpartitioned_data": 0, "log": 0, "other": 0}
+        for line in self.recording.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["method"] not in ("GET", "HEAD"):
+                continue
+            path = urllib.parse.unquote(urllib.parse.urlparse(entry["url"]).path)
+            if "/_delta_log/" in path:
+                counts["log"] += 1
+            elif not path.endswith(".parquet"):
+                counts["other"] += 1
+            elif "/run_id=" not in path:
+                counts["unpartitioned_data"] += 1
+            elif f"/run_id={run_id}/" in path:
+                counts["run_data"] += 1
+            else:
+                counts["other_runs_data"] += 1
+        return counts
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
 def disk_bytes(path: Path) -> dict[str, int]:
     out = {}
     for p in path.iterdir():
@@ -163,26 +239,30 @@ def disk_bytes(path: Path) -> dict[str, int]:
     return out
 
 
-def measure_size(lake_root: Path, size: int, generator, iteration: int, args, log) -> dict[str, Any]:
+def measure_size(lake_root: str, size: int, generator, iteration: int, args, log, s3: MotoS3 | None = None) -> dict[str, Any]:
     from halo_data.lake import Lake
     from halo_data.ops import stats
 
-    lake = Lake.open(str(lake_root))
+    lake = Lake.open(lake_root)
     load_before = [round(x, 1) for x in os.getloadavg()]
     run_id = f"probe-{label(size)}"
     t = time.perf_counter()
     probe = generator.append_run(lake, iteration, run_id=run_id)
     res: dict[str, Any] = {"probe": probe, "probe_append_s": time.perf_counter() - t, "load_average_before": load_before}
     res["tables"] = {s["table"]: {k: s[k] for k in ("rows", "files", "bytes")} for s in stats(lake)}
-    res["disk_bytes"] = disk_bytes(lake_root)
+    res["disk_bytes"] = disk_bytes(Path(lake_root)) if s3 is None else {}
     res["runs"] = campaign_runs(lake)[0]
     log(f"[{label(size)}] run-scoped reads of {run_id}")
-    res["reads"] = child(["reads", str(lake_root), run_id, str(args.repeats)])
+    if s3 is not None:
+        s3.record()
+    res["reads"] = child(["reads", lake_root, run_id, str(args.repeats)])
+    if s3 is not None:
+        res["reads"]["requests"] = s3.requests(run_id)
     log(f"[{label(size)}] query cold start")
     cold, cold_cpu = [], []
     for _ in range(args.repeats + 2):
         t, c = time.perf_counter(), children_cpu()
-        subprocess.run([str(BIN / "halo-data"), "query", "select count(*) from steps", "--lake", str(lake_root)],
+        subprocess.run([str(BIN / "halo-data"), "query", "select count(*) from steps", "--lake", lake_root],
                        check=True, capture_output=True, cwd=ROOT)
         cold.append(time.perf_counter() - t)
         cold_cpu.append(children_cpu() - c)
@@ -190,11 +270,11 @@ def measure_size(lake_root: Path, size: int, generator, iteration: int, args, lo
     res["query_cold_start_cpu_s"] = cold_cpu
     if not args.no_dashboard:
         log(f"[{label(size)}] dashboard first render")
-        res["dashboard"] = child(["dashboard", str(lake_root), "2"])
+        res["dashboard"] = child(["dashboard", lake_root, "2"])
     if not args.no_full_build:
         log(f"[{label(size)}] lake-wide dataset build (memory limit {args.memory_limit})")
-        out = lake_root.parent / "build-out"
-        command = [sys.executable, "-m", "bench.measure", "bench.lake_build", str(lake_root), str(out),
+        out = Path(args.workdir) / "build-out"
+        command = [sys.executable, "-m", "bench.measure", "bench.lake_build", lake_root, str(out),
                    "--memory-limit", args.memory_limit]
         proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
         shutil.rmtree(out, ignore_errors=True)
@@ -245,10 +325,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fresh", action="store_true", help="Start the lake and the figures over.")
     ap.add_argument("--no-dashboard", action="store_true", help="Skip the dashboard's render.")
     ap.add_argument("--no-full-build", action="store_true", help="Skip the lake-wide dataset build.")
+    ap.add_argument("--s3", action="store_true",
+                    help="The lake in a bucket of moto's S3 server on loopback, and the requests a run-scoped read "
+                         "sends counted (never kept: the bucket is in the server's memory).")
     args = ap.parse_args(argv)
     from bench.reports import save
-    from halo_data.lake import Lake
-    from halo_data.synthetic import CampaignGenerator, CampaignSpec
+    from halo_data.synthetic import CampaignSpec
 
     def log(message: str) -> None:
         print(time.strftime("%H:%M:%S"), message, file=sys.stderr, flush=True)
@@ -257,6 +339,10 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.workdir)
     spec = CampaignSpec(run_steps=parse_size(args.run_steps))
     key = {"run_steps": spec.run_steps, "probe_steps": parse_size(args.probe_steps), "compact_every": args.compact_every}
+    if args.s3:
+        work = work / "s3"
+        args.fresh = True  # the bucket does not outlive this process
+        key["s3"] = True
     progress_path = work / "progress.json"
     progress = json.loads(progress_path.read_text()) if progress_path.exists() and not args.fresh else {}
     if progress and progress.get("campaign") != key:
@@ -266,8 +352,30 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         progress = {"campaign": key, "spec": spec.__dict__, "sizes": {}}
     work.mkdir(parents=True, exist_ok=True)
-    lake_root = work / "lake"
-    lake = Lake.init(str(lake_root))
+    s3 = MotoS3(work) if args.s3 else None
+    lake_root = s3.root if s3 else str(work / "lake")
+    try:
+        grow_and_measure(args, sizes, spec, key, work, lake_root, progress, progress_path, log, s3)
+    finally:
+        if s3 is not None:
+            s3.close()
+    result = {"campaign": progress["campaign"], "spec": progress["spec"], "sizes": progress["sizes"],
+              "summary": summary(progress["sizes"]), "targets": TARGETS, "memory_limit_gb": gigabytes(args.memory_limit)}
+    path = save("lake-growth", result, argv)
+    print(json.dumps(result["summary"], indent=2))
+    print(f"results: {path.relative_to(ROOT)}")
+
+
+def gigabytes(text: str) -> float | None:
+    limit = text.strip().upper()
+    return float(limit[:-2]) / (1000 if limit.endswith("MB") else 1) if limit.endswith(("GB", "MB")) else None
+
+
+def grow_and_measure(args, sizes, spec, key, work: Path, lake_root: str, progress: dict, progress_path: Path, log, s3) -> None:
+    from halo_data.lake import Lake
+    from halo_data.synthetic import CampaignGenerator, CampaignSpec
+
+    lake = Lake.init(lake_root)
     log(f"templates of {spec.run_steps:,} steps")
     generator = CampaignGenerator(spec)
     probe_generator = CampaignGenerator(CampaignSpec(**{**spec.__dict__, "run_steps": key["probe_steps"], "templates": 1}))
@@ -283,17 +391,10 @@ def main(argv: list[str] | None = None) -> None:
         log(f"[{name}] growing from {steps:,} steps, {iteration} runs")
         growth = grow(lake, generator, size, args.compact_every, log)
         iteration, steps = campaign_runs(lake)
-        res = measure_size(lake_root, size, probe_generator, iteration, args, log)
+        res = measure_size(lake_root, size, probe_generator, iteration, args, log, s3)
         res.update({"steps": steps, "growth": growth})
         progress["sizes"][name] = res
         progress_path.write_text(json.dumps(progress, indent=2, default=str))
-    limit = args.memory_limit.strip().upper()
-    limit_gb = float(limit[:-2]) / (1000 if limit.endswith("MB") else 1) if limit.endswith(("GB", "MB")) else None
-    result = {"campaign": progress["campaign"], "spec": progress["spec"], "sizes": progress["sizes"],
-              "summary": summary(progress["sizes"]), "targets": TARGETS, "memory_limit_gb": limit_gb}
-    path = save("lake-growth", result, argv)
-    print(json.dumps(result["summary"], indent=2))
-    print(f"results: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

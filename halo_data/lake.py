@@ -35,6 +35,11 @@ INFO_PATH = "meta/info.json"
 MAX_COMMIT_RETRIES = 1000
 
 
+# Delta properties of every table HALO creates (`halo-data compact` sets them on an older lake's tables).
+# A checkpoint every 10 commits, not delta-rs's 100: opening a table reads the last checkpoint and every commit
+# since, one GET each on an object store, and an online campaign commits to steps several times per iteration.
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
+
 # Per table, the columns of long free text: no dictionary, no statistics.
 LONG_TEXT_COLUMNS = {
     "steps": ("observation", "prompt", "model_output", "extra"),
@@ -264,6 +269,7 @@ class Lake:
             DeltaTable.create(
                 uri,
                 schema=spec.schema,
+                configuration=dict(TABLE_PROPERTIES),
                 mode="ignore",
                 partition_by=list(spec.partition_by) or None,
                 name=name,

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halo_data import schema as S
-from halo_data.lake import MAX_COMMIT_RETRIES, Lake, LakeError, conform, writer_properties
+from halo_data.lake import MAX_COMMIT_RETRIES, TABLE_PROPERTIES, Lake, LakeError, conform, writer_properties
 from halo_data.reader import sql_arrow
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,9 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
         report["screenshot_copies_dropped"] += before - dedup.num_rows
     for name in S.TABLES:
         dtab = lake.table(name)
+        configuration = dtab.metadata().configuration
+        if any(configuration.get(k) != v for k, v in TABLE_PROPERTIES.items()):  # a table of an older HALO
+            dtab.alter.set_table_properties(dict(TABLE_PROPERTIES))
         kwargs: dict[str, Any] = {"commit_properties": CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES)}
         if target_size or name in COMPACT_TARGET_SIZE:
             kwargs["target_size"] = target_size or COMPACT_TARGET_SIZE[name]
