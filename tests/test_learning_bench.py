@@ -83,8 +83,11 @@ def test_trained_arms_are_never_evaluated_before_their_training_is_final(tmp_pat
 @pytest.fixture(scope="module")
 def policy_arms(tmp_path_factory):
     """The random and heuristic arms of the small protocol, run once into a real lake."""
+    from test_experiment import git_repo
+
     tmp = tmp_path_factory.mktemp("learning")
-    runner = Runner(load(small_protocol(tmp)), tmp / "root")
+    runner = Runner(load(small_protocol(tmp)), tmp / "root", code_dir=git_repo(tmp / "code"))
+    runner.records.register(runner.p)  # a stage runs only at the commit its protocol is registered at
     runner.run(arms=["random", "heuristic"])
     return runner
 
@@ -96,7 +99,7 @@ def test_policy_arms_run_once_and_resume_from_the_lake_alone(policy_arms):
     log = runner.root / "commands.log"
     assert len(log.read_text().splitlines()) == 4  # 2 arms x (test seeds, held-out tasks)
     assert {r["done"] for r in runner.status() if "-eval-random-" in r["stage"] or "-eval-heuristic-" in r["stage"]} == {"2/2"}
-    again = Runner(runner.p, runner.root)  # a new process knows only the lake
+    again = Runner(runner.p, runner.root, code_dir=runner.records.code_dir)  # a new process knows only the lake
     again.run(arms=["random", "heuristic"])
     assert len(log.read_text().splitlines()) == 4  # everything there: nothing runs again
 

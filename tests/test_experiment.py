@@ -1,0 +1,253 @@
+"""halo-train experiment: a tiny protocol run for real (random policy, Chromium, a real lake) under its records —
+registration at a commit, refusal at another until registered again, each test cell evaluated once, resumed from
+the lake alone; the statistics of the report; learning-v2's registered protocol and its screening."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from halo_train.experiment import ExperimentError, Protocol, ProtocolError, Records, Runner, load
+from halo_train.experiment.report import paired_bootstrap
+from halo_train.experiment.screen import DEFAULT_RULES, verdict
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_protocol(path: Path, **changes) -> Path:
+    raw = {
+        "name": "tiny-exp", "version": 1, "base_model": "smollm2-135m-instruct",
+        "interface": {"env": "miniwob", "observation": "elements", "constrain_actions": True, "temperature": 1.0,
+                      "max_steps": 2, "reward_config": "halo_agent/configs/rewards-success.yaml"},
+        "tasks": {"train": ["click-button"], "heldout": ["click-test"]},
+        "splits": {"train": {"seed_stride": 100}, "dev": {"first": 1000},
+                   "test": {"first": 2000, "train_tasks_seeds": 2, "heldout_tasks_seeds": 0}},
+        "arms": {"random": {"kind": "policy", "policy": "random", "options": {"constrain_actions": True}}},
+        "training_seeds": [0], "budget": {},
+    }
+    raw.update(changes)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def git_repo(path: Path) -> Path:
+    """A code checkout of its own, so the test decides when its commit moves."""
+    path.mkdir(parents=True, exist_ok=True)
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", "-C", str(path), *args], check=True)
+    commit(path, "one")
+    return path
+
+
+def commit(repo: Path, text: str) -> str:
+    (repo / "code.py").write_text(text)
+    subprocess.run(["git", "-C", str(repo), "add", "code.py"], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", text], check=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_stage_runs_only_once_registered_and_only_at_the_registered_commit(tmp_path):
+    code = git_repo(tmp_path / "code")
+    p = load(tiny_protocol(tmp_path / "tiny.yaml"))
+    runner = Runner(p, tmp_path / "root", code_dir=code)
+    with pytest.raises(ExperimentError, match="not registered"):
+        runner.run()
+    first = runner.records.register(p)
+    assert first["commit"] and first["protocol_sha256"] == p.sha256 and first["packages"]["duckdb"]
+    assert runner.records.check(p)["commit"] == first["commit"]
+    moved = commit(code, "two")
+    with pytest.raises(ExperimentError, match="registered again"):
+        runner.run()
+    again = runner.records.register(p)  # re-registration: the same file at the new commit
+    assert again["commit"] == moved and len(runner.records.registrations()) == 2
+    assert runner.records.check(p)["commit"] == moved
+    edited = load(tiny_protocol(tmp_path / "tiny.yaml", training_seeds=[0, 1]))
+    with pytest.raises(ExperimentError, match="not the file registered"):
+        runner.records.check(edited)
+    runner.records.append({"stage": "x", "event": "start"})  # once a stage ran, the file may not change
+    with pytest.raises(ExperimentError, match="new protocol"):
+        runner.records.register(edited)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """The tiny protocol's random arm, registered and run into a real lake: its one test cell (no held-out seeds), its
+    command killed as soon as it has started its run (a stage stopped part-way), then the runner."""
+    import signal
+    import time
+
+    tmp = tmp_path_factory.mktemp("experiment")
+    code = git_repo(tmp / "code")
+    p = load(tiny_protocol(tmp / "tiny.yaml"))
+    runner = Runner(p, tmp / "root", code_dir=code)
+    runner.records.register(p)
+    cell = p.eval_cells("random", 0)[0]
+    child = subprocess.Popen(runner.rollout_argv(cell.run_id, cell.tasks, cell.first_seed, cell.seeds, cell.attempts, 0,
+                                                 runner.policy_arm("random")), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not runner.state.has_run(cell.run_id) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=60)
+    interrupted = runner.state.episodes(cell.run_id)
+    runner.run()
+    return runner, interrupted
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_runner_resumes_from_the_lake_and_records_each_stage_with_its_commit(ran):
+    runner, interrupted = ran
+    p = runner.p
+    assert interrupted < p.eval_cells("random", 0)[0].episodes  # the stage was stopped before it was done
+    commands = (runner.root / "commands.log").read_text().splitlines()
+    assert len(commands) == 1 and "--resume" in commands[0]
+    for cell in p.eval_cells("random", 0):
+        seeds = runner.state.query("select task_seed, count(*) n from episodes where run_id = $r group by 1 order by 1",
+                                   {"r": cell.run_id})
+        assert [(s["task_seed"], s["n"]) for s in seeds] == [(2000 + i, 1) for i in range(cell.seeds)]  # each once
+    starts = [s for s in runner.records.stages() if s["event"] == "start"]
+    head = runner.records.current()["commit"]
+    assert [s["run_id"] for s in starts if s.get("test")] == [p.eval_cells("random", 0)[0].run_id]
+    assert all(s["commit"] == head and s["packages"]["duckdb"] and s["policy"] == "random" for s in starts if s.get("test"))
+    assert [s["rc"] for s in runner.records.stages() if s["event"] == "end"] == [0]
+    Runner(p, runner.root, code_dir=runner.records.code_dir).run()  # a new process knows only the lake: nothing runs
+    assert len((runner.root / "commands.log").read_text().splitlines()) == 1
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_export_carries_each_stages_commit_and_the_report_recomputes_from_it(ran, tmp_path):
+    import pyarrow.parquet as pq
+
+    from halo_train.experiment.export import export
+    from halo_train.experiment.report import report
+
+    runner, _ = ran
+    assert export(runner, tmp_path / "results").startswith("2 evaluation episodes")
+    rows = pq.read_table(tmp_path / "results" / "episodes.parquet").to_pylist()
+    assert {(r["arm"], r["split"], r["sampling_seed"], r["temperature"]) for r in rows} == {("random", "test_seeds", 0, 1.0)}
+    meta = json.loads((tmp_path / "results" / "meta.json").read_text())
+    assert meta["stage_commits"] == [runner.records.current()["commit"]] and meta["registrations"][0]["protocol_sha256"]
+    text = report(runner.p, tmp_path / "results")
+    wins = sum(r["success"] for r in rows)
+    assert f"| random | 1 | 2 | {100 * wins / 2:.1f} [" in text and runner.records.current()["commit"][:12] in text
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_test_seeds_are_never_evaluated_twice(ran, tmp_path):
+    import shutil
+
+    ran, _ = ran
+    root = tmp_path / "copy"
+    shutil.copytree(ran.root, root)
+    runner = Runner(ran.p, root, code_dir=ran.records.code_dir)
+    shutil.rmtree(root / "lake")  # the episodes are gone; the records say the test seeds were evaluated
+    with pytest.raises(ExperimentError, match="a second evaluation is refused"):
+        runner.run()
+    assert not (root / "lake").exists()
+    cell = ran.p.eval_cells("random", 0)[0]
+    with pytest.raises(ExperimentError, match="again with"):
+        runner.records.check_test_once(cell.run_id, "smollm2-135m-instruct+bc-s0/final@0123", 1)
+
+
+def test_the_cli_registers_and_reports_status_and_refuses_bad_input(tmp_path, monkeypatch):
+    from halo_train.cli import main
+
+    code = git_repo(tmp_path / "code")
+    monkeypatch.setenv("HALO_EXPERIMENT_CODE_DIR", str(code))
+    proto = tiny_protocol(tmp_path / "tiny.yaml")
+    cli = CliRunner()
+    out = cli.invoke(main, ["experiment", "run", str(proto), "--root", str(tmp_path / "root")])
+    assert out.exit_code == 1 and "Error: tiny-exp is not registered" in out.output
+    out = cli.invoke(main, ["experiment", "register", str(proto), "--root", str(tmp_path / "root")])
+    assert out.exit_code == 0 and "registered tiny-exp" in out.output, out.output
+    out = cli.invoke(main, ["experiment", "status", str(proto), "--root", str(tmp_path / "root")])
+    assert out.exit_code == 0 and "tev1-eval-random-s0-test_seeds" in out.output and "0/2" in out.output
+    assert "registrations: 1" in out.output
+    out = cli.invoke(main, ["experiment", "status", str(tmp_path / "missing.yaml")])
+    assert out.exit_code == 1 and out.output.startswith("Error: no protocol at")
+    bad = tiny_protocol(tmp_path / "bad.yaml", tasks={"train": ["click-button"], "heldout": ["click-button"]})
+    out = cli.invoke(main, ["experiment", "register", str(bad), "--root", str(tmp_path / "r2")])
+    assert out.exit_code == 1 and "held-out tasks are trained on" in out.output
+
+
+def test_the_paired_interval_carries_both_seed_spread_and_task_seed_spread():
+    units = [("t", i) for i in range(40)]
+    steady = ([0, 1, 2], units, [[float(i % 2) for i in range(40)]] * 3)  # 50% on every seed
+    spread = ([0, 1, 2], units, [[1.0] * 40, [0.0] * 40, [float(i % 2) for i in range(40)]])  # 100, 0, 50%
+    d, lo, hi = paired_bootstrap(steady, steady)
+    assert d == 0 and lo == pytest.approx(0) and hi == pytest.approx(0)  # the same arm: paired draws cancel
+    d, lo, hi = paired_bootstrap(spread, steady)
+    assert d == pytest.approx(0) and lo < -0.2 and hi > 0.2  # seed-to-seed spread widens the interval
+    better = ([0], units, [[1.0] * 30 + [0.0] * 10])
+    d, lo, hi = paired_bootstrap(better, ([0], units, [[float(i % 2) for i in range(40)]]))
+    assert d == pytest.approx(0.25) and 0 < lo < 0.25 < hi
+
+
+def test_screening_rules():
+    row = {"first_pages": {"dev_seeds": 16, "share_distinct": 15 / 16, "dev_pages_in_training_sample": 0, "min_actions": 3},
+           "zero_shot": {"rate": 0.25}, "random": {"rate": 0.1}}
+    assert verdict(row, DEFAULT_RULES) == []
+    one_page = {**row, "first_pages": {**row["first_pages"], "share_distinct": 1 / 16, "dev_pages_in_training_sample": 16}}
+    assert [b.split(" ")[0] for b in verdict(one_page, DEFAULT_RULES)] == ["distinct", "100%"]
+    assert verdict({"first_pages": row["first_pages"]}, DEFAULT_RULES) == ["not measured: random, zero-shot"]
+    assert verdict({**row, "zero_shot": {"rate": 0.7}, "random": {"rate": 0.5}}, DEFAULT_RULES) == [
+        "zero-shot 70% outside [5%, 60%]", "random 50% >= 50%"]
+
+
+def test_learning_v2_is_registered_as_the_issue_asks_and_its_tasks_pass_their_screening():
+    p = load("learning-v2")
+    v1 = load("learning-v1")
+    assert p.base_model == v1.base_model and p.interface == {**v1.interface, "prompt_version": p.interface["prompt_version"]}
+    assert len(p.train_tasks) >= 6 and len(p.heldout_tasks) >= 4 and len(p.training_seeds) >= 3
+    assert p.arm_seeds("zero_shot") == (0, 1, 2) and p.temperatures == (1.0, 0.0)
+    assert set(p.trained_arms()) == {"bc_filtered", "dpo", "online_grpo", "online_gigpo"}
+    budgets = {arm: p.arm_episodes(arm) for arm in p.trained_arms()}
+    assert len(set(budgets.values())) == 1 and min(budgets.values()) >= 3 * v1.budget["episodes"]
+    assert p.method("bc_filtered") == "expert_iteration" and p.rounds("bc_filtered") >= 2
+    assert p.hyperparameters["online_grpo"]["omega"] == 0 and p.hyperparameters["online_gigpo"]["omega"] == 1
+    screening = json.loads((REPO / "bench" / "results" / "learning-v2" / "screening.json").read_text())
+    for task in p.tasks(p.train_tasks + p.heldout_tasks):
+        row = screening["tasks"][task]
+        assert row["breaks"] == [] and {"first_pages", "random", "heuristic", "zero_shot"} <= set(row), task
+        assert row["zero_shot"]["episodes"] >= 10 and row["first_pages"]["dev_seeds"] >= 16
+        assert row["zero_shot"]["episodes"] and row["first_pages"]["share_distinct"] >= 0.9
+    assert all(s["commit"] for s in screening["stages"])
+
+
+def test_learning_v2s_plan_trains_each_arm_before_any_evaluation_of_it(tmp_path):
+    runner = Runner(load("learning-v2"), tmp_path / "root", dry_run=True)
+    runner.run()
+    commands = (tmp_path / "root" / "commands.log").read_text().splitlines()
+    online = [c for c in commands if " online-grpo " in c]
+    assert len(online) == 6 and sum("--omega 0 " in c for c in online) == 3 and sum("--omega 1 " in c for c in online) == 3
+    assert all("--epochs-per-update" in c and "--mini-batch-size" in c for c in online)
+    assert any("--run-id lv2-bc_filtered-s0-r0" in c for c in commands)  # expert iteration's first round
+    dpo = [shlex.split(c.split(" ", 1)[1]) for c in commands if "halo-train dpo" in c]
+    assert [argv[argv.index("--where") + 1] for argv in dpo] == [f"run_id = 'lv2-sample-s{s}'" for s in (0, 1, 2)]
+    for arm in ("bc_filtered", "dpo", "online_grpo", "online_gigpo"):
+        assert not any(f"-eval-{arm}-" in c for c in commands)
+    zero = [c for c in commands if "-eval-zero_shot-" in c]
+    assert len(zero) == 3 * 2 + 2 + 1  # 3 sampling seeds x 2 splits at temperature 1, greedy once, the dev point
+    assert sum("--temperature 0.0" in c for c in zero) == 2
+
+
+def test_a_protocol_that_contradicts_itself_is_refused(tmp_path):
+    with pytest.raises(ProtocolError, match="trained arm's method"):
+        Protocol.load(tiny_protocol(tmp_path / "a.yaml", arms={"sft": {"kind": "trained"}}, hyperparameters={"sft": {}}))
+    with pytest.raises(ProtocolError, match="hyperparameters.online"):
+        Protocol.load(tiny_protocol(tmp_path / "b.yaml", arms={"online": {"kind": "trained", "method": "online"}}))
+    raw = yaml.safe_load(tiny_protocol(tmp_path / "c.yaml").read_text())
+    raw["screening"] = {"dev_first": 5, "candidates": ["click-button"]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProtocolError, match="dev seeds only"):
+        Protocol.load(tmp_path / "c.yaml")
+    assert isinstance(Records(tmp_path / "none").current(), type(None))
