@@ -230,7 +230,9 @@ def test_learning_v2s_plan_trains_each_arm_before_any_evaluation_of_it(tmp_path)
     online = [c for c in commands if " online-grpo " in c]
     assert len(online) == 6 and sum("--omega 0 " in c for c in online) == 3 and sum("--omega 1 " in c for c in online) == 3
     assert all("--epochs-per-update" in c and "--mini-batch-size" in c for c in online)
-    assert any("--run-id lv2-bc_filtered-s0-r0" in c for c in commands)  # expert iteration's first round
+    assert any("--run-id lv2-bc_filtered-s0-r0" in c for c in commands)  # expert iteration's first round: its sample,
+    bc = [shlex.split(c.split(" ", 1)[1]) for c in commands if "halo-train bc " in c]  # then SFT on its successes
+    assert [argv[argv.index("--where") + 1] for argv in bc][0] == "run_id IN ('lv2-bc_filtered-s0-r0') AND success"
     dpo = [shlex.split(c.split(" ", 1)[1]) for c in commands if "halo-train dpo" in c]
     assert [argv[argv.index("--where") + 1] for argv in dpo] == [f"run_id = 'lv2-sample-s{s}'" for s in (0, 1, 2)]
     for arm in ("bc_filtered", "dpo", "online_grpo", "online_gigpo"):

@@ -311,9 +311,7 @@ class Runner:
                                  self.p.train_seed_start(seed) + r * spec["task_seeds"], spec["task_seeds"],
                                  spec["attempts"], seed, [*self.model_policy(url, name), "--mode", f"{arm}-r{r}"],
                                  self.p.round_episodes(arm), stage={"kind": "sample", "arm": arm, "seed": seed, "round": r})
-                if self.dry_run:
-                    return
-            if self.round_policy(arm, seed, r) is None:
+            if self.dry_run or self.round_policy(arm, seed, r) is None:  # a dry run shows round 0's two commands
                 runs = ", ".join(f"'{x}'" for x in self.round_runs(arm, seed, r))
                 self._train_job(arm, seed, "bc", self.round_dir(arm, seed, r),
                                 self._bc_options(h, f"run_id IN ({runs}) AND success"))
