@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=5e-5, help="learning-v1's online rate, in every arm.")
     ap.add_argument("--train-steps", type=int, default=4, help="jobs arm: optimizer steps per update job (learning-v1's).")
     ap.add_argument("--batch-size", type=int, default=8, help="jobs arm: rows per step; persistent: rows per forward pass.")
-    ap.add_argument("--mini-batch-size", type=int, default=16, help="persistent arms: rows per optimizer step.")
+    ap.add_argument("--mini-batch-size", type=int, default=8, help="persistent arms: rows per optimizer step (learning-v2's).")
     ap.add_argument("--workdir", default="runs/online-learner", help="Lakes, adapters and logs of the arms (resumed).")
     a = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

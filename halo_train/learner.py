@@ -26,7 +26,8 @@ after an optional linear warm-up), the random generators and the step count. Eac
    (mean over LoRA modules of the Frobenius norm of (alpha/r)·B·A, and of its change), and, in one pass without
    gradients over the same rows after the update, the approximate KL(new || old) against the stored logprobs
    and the entropy of the distribution each token was drawn from (the temperature's softmax; a guided choice's
-   mask), and the seconds spent loading, training, measuring and saving.
+   mask) on up to ``measure_rows`` of them (a fixed sample per update: each row costs a forward pass), and the
+   seconds spent loading, training, measuring and saving.
 5. Checkpoint. ``save(folder)`` writes the adapter and ``learner_state.pt`` (optimizer, scheduler, generators,
    step, version) into a staging folder and renames it into place, so a version folder exists only complete;
    ``resume(folder)`` continues with exactly that state: the next update's adapter equals the one an
@@ -63,6 +64,7 @@ class LearnerOptions:
     warmup_steps: int = 0  # linear warm-up over the run's first optimizer steps, then constant
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    measure_rows: int = 16  # rows the KL and entropy after an update are measured on (a forward pass each); 0: none
 
     def __post_init__(self) -> None:
         for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
@@ -188,7 +190,9 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 trained.update(minibatch)
                 sums: dict[str, float] = {}
-                for micro in _chunks(minibatch, opts.batch_size):
+                # Forward passes of rows of like length: the minibatch's gradient is the same, with less padding.
+                by_length = sorted(minibatch, key=lambda i: _length(rows[i]))
+                for micro in _chunks(by_length, opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
                     loss, stats = loss_of(batch)
                     share = len(micro) / len(minibatch)  # the minibatch's loss is the mean of its rows'
@@ -205,7 +209,10 @@ class Learner:
         self.version += 1
         after = lora_weights(self.model)
         t1 = time.perf_counter()
-        measured = self.measure(rows, collate) if not isinstance(cfg, DPOConfig) else {}
+        measured = {}
+        if opts.measure_rows and not isinstance(cfg, DPOConfig):
+            sample = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.step))[: opts.measure_rows]
+            measured = self.measure([rows[i] for i in sorted(sample.tolist())], collate)
         measure_seconds = time.perf_counter() - t1
 
         def mean(key: str) -> float:
@@ -369,6 +376,12 @@ class Learner:
             shutil.rmtree(final)
         staging.rename(final)
         return final
+
+
+def _length(row: dict[str, Any]) -> int:
+    """A training item's tokens (a choice group's: all its candidates')."""
+    ids = row.get("input_ids") or row.get("chosen", {}).get("input_ids") or []
+    return sum(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
 
 
 def _to_device(batch: dict[str, Any], device) -> dict[str, Any]:
