@@ -247,8 +247,13 @@ def measure_size(lake_root: str, size: int, generator, iteration: int, args, log
     load_before = [round(x, 1) for x in os.getloadavg()]
     run_id = f"probe-{label(size)}"
     t = time.perf_counter()
-    probe = generator.append_run(lake, iteration, run_id=run_id)
-    res: dict[str, Any] = {"probe": probe, "probe_append_s": time.perf_counter() - t, "load_average_before": load_before}
+    present = lake.query_arrow("select count(*) as n from steps where run_id = $r", {"r": run_id}, views=False)["n"][0].as_py()
+    if present:  # appended by a call stopped while measuring it: measured again, not appended twice
+        probe = {"run_id": run_id, "steps": present, "appended_before": True}
+    else:
+        probe = generator.append_run(lake, iteration, run_id=run_id)
+    res: dict[str, Any] = {"probe": probe, "probe_append_s": None if present else time.perf_counter() - t,
+                           "load_average_before": load_before}
     res["tables"] = {s["table"]: {k: s[k] for k in ("rows", "files", "bytes")} for s in stats(lake)}
     res["disk_bytes"] = disk_bytes(Path(lake_root)) if s3 is None else {}
     res["runs"] = campaign_runs(lake)[0]

@@ -41,7 +41,8 @@ def report(results_dir: pathlib.Path) -> str:
         row("new run: steps / files a run-scoped read lists (steps + candidates)",
             [f"{s['probe']['steps']:,} / {s['reads']['files']['steps']['listed'] + s['reads']['files']['candidates']['listed']}"
              for _, s in sizes])
-        row("new run appended: steps, candidates, screenshots, runs row (s)", [f"{s['probe_append_s']:.2f}" for _, s in sizes])
+        row("new run appended: steps, candidates, screenshots, runs row (s)",
+            [f"{s['probe_append_s']:.2f}" if s["probe_append_s"] is not None else "-" for _, s in sizes])
         for view in VIEWS:
             first = sizes[0][1]["reads"]["views"][view]
             ratio_wall = _med(sizes[-1][1]["reads"]["views"][view]["seconds"]) / _med(first["seconds"])
@@ -67,15 +68,21 @@ def report(results_dir: pathlib.Path) -> str:
         if all("full_build" in s for _, s in sizes):
             builds = [s["full_build"] for _, s in sizes]
             row("lake-wide build of bc_rows, dpo_pairs, grpo_groups (s)",
-                [f"{b['seconds']:.1f}" if "seconds" in b else "failed" for b in builds])
+                [f"{b['seconds']:.1f}" if "seconds" in b else
+                 f"stopped after {b['seconds_before_stop']} s: {b['stopped']}" if "stopped" in b else "failed" for b in builds])
             # the process's own memory (Python, Arrow, delta-rs) is the smallest lake's RSS; DuckDB's is the rest
             base = builds[0].get("peak_rss_kb", 0) / 2**20
             rss = [b["peak_rss_kb"] / 2**20 if "peak_rss_kb" in b else None for b in builds]
             limit = run.get("memory_limit_gb") or 1.0
             ok = all("seconds" in b for b in builds) and all(r is not None and r - base <= limit for r in rss)
+            if not ok and all("seconds" in b or "stopped" in b for b in builds):
+                ok = None  # a build stopped by hand neither failed nor finished
             row(f"its peak RSS (GB); above the {names[0]} build's, DuckDB memory limit {limit:g} GB",
-                [f"{r:.2f}; {r - base:+.2f}" if r is not None else "-" for r in rss],
-                "above the smallest <= the limit, never failing", "yes" if ok else "NO")
+                [f"{r:.2f}; {r - base:+.2f}" if r is not None else
+                 f"{b['rss_seen_kb'] / 2**20:.2f}; {b['rss_seen_kb'] / 2**20 - base:+.2f} (RSS when stopped)" if "rss_seen_kb" in b
+                 else "-" for r, b in zip(rss, builds)],
+                "above the smallest <= the limit, never failing",
+                "yes" if ok else "not finished (stopped)" if ok is None else "NO")
         row("read process peak RSS (GB)", [f"{s['reads']['peak_rss_kb'] / 2**20:.2f}" for _, s in sizes])
         compactions = [s["growth"]["maintenance"] for _, s in sizes]
         row("compact + vacuum every " + str(run["campaign"]["compact_every"]) + " runs, last one (s)",
