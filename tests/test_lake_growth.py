@@ -56,6 +56,7 @@ def test_a_query_registers_only_the_tables_it_and_its_views_read(campaign_lake):
     assert "steps" in tables_needed("select * from grpo_groups") and "screenshots" not in tables_needed("select * from grpo_groups")
     assert "screenshots" in tables_needed("select * from screenshots")
     assert tables_needed("show tables") is None
+    assert tables_needed("select table_name from duckdb_columns()") is None
     con = lake.connect(views="select count(*) from steps")
     try:
         registered = {r[0] for r in con.sql("select view_name from duckdb_views() where not internal").fetchall()}
