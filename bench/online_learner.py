@@ -5,7 +5,8 @@
     .venv/bin/python -m bench online-learner --arms jobs,persistent --iterations 2 --tasks click-option   # smaller
 
 Arms, each its own online run (``halo-train online-grpo --serve --engine chat``) from the same base model on the
-same train task seeds, each with its own lake:
+same train task seeds, each with its own lake, run interleaved (every arm's iteration k, then k + 1), so that
+each iteration's updates meet the same machine:
 
 - ``jobs``: ``--learner jobs``, an update is a ``halo-train grpo`` job (learning-v1's online arm: a fresh AdamW,
   ``--train-steps 4`` steps of ``--batch-size 8`` rows, the learning rate decaying to 0 inside the job);
@@ -15,9 +16,11 @@ same train task seeds, each with its own lake:
 
 Per iteration, from each run's ``train_metrics``: the adapter's displacement from the version before (mean over
 LoRA modules of ||(alpha/r)(B'A' - BA)||_F) and from the base, rows produced and rows trained, the update's
-seconds and seconds per trained row, the anchor groups with spread and the step term's share of the advantage;
+seconds and seconds per trained row (wall, and this process's CPU seconds, which the machine's other work
+changes far less), the anchor groups with spread and the step term's share of the advantage;
 success on the dev seeds (``--eval-every``, after iterations 4 and 8). Then the ratios the learner is held to:
-persistent / jobs displacement per iteration (target >= 3x) and update seconds per trained row (target <= 0.7x).
+persistent / jobs displacement per iteration (target >= 3x) and update seconds per trained row (target <= 0.7x),
+wall and CPU.
 
 Resumable: ``--workdir`` keeps every arm's lake and adapters; the same command continues each arm's run where it
 stopped (``--resume``) and records the commit each arm started at. Results go to bench/results/online-learner/.
@@ -42,7 +45,7 @@ ARMS = {
     "persistent-omega0": {"learner": "persistent", "omega": 0.0},
 }
 PER_ITERATION = ("displacement_from_previous", "displacement_from_base", "rows_produced", "rows_trained",
-                 "optimizer_steps", "update_seconds", "update_load_seconds", "update_train_seconds", "update_save_seconds",
+                 "optimizer_steps", "update_seconds", "update_cpu_seconds", "update_measure_seconds", "update_load_seconds", "update_train_seconds", "update_save_seconds",
                  "reload_seconds", "anchor_groups_with_spread", "step_advantage_share", "groups_success_spread",
                  "groups_shaping_spread_only", "approx_kl", "entropy", "clip_ratio", "success_rate/train",
                  "success_rate/heldout", "trainable_groups")
@@ -81,7 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [x for x in arms if x not in ARMS]
     if unknown:
         raise SystemExit(f"Error: unknown arm(s) {', '.join(unknown)}: choose among {', '.join(ARMS)}")
-    results = {arm: run_arm(a, arm, work / arm) for arm in arms}
+    # Interleaved, iteration by iteration (jobs k, persistent k, persistent-omega0 k, then k + 1): every arm's
+    # update k meets the same machine. Each arm's learner stays in this process between its iterations.
+    configs = {arm: arm_config(a, arm, work / arm) for arm in arms}
+    for k in range(a.iterations):
+        for arm in arms:
+            run_iterations(arm, configs[arm], k + 1)
+    results = {arm: arm_results(a, arm, configs[arm], work / arm) for arm in arms}
     load_after = os.getloadavg()
     summary: dict = {"options": vars(a), "load_before": load_before, "load_after": load_after, "cores": os.cpu_count(),
                      "arms": results}
@@ -92,20 +101,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")
 
 
-def run_arm(a: argparse.Namespace, arm: str, work: Path) -> dict:
-    """One arm's online run (resumed where it stopped) and its per-iteration figures from the lake."""
-    from halo_data.lake import Lake
-    from halo_train.online import OnlineConfig, run_online
+def arm_config(a: argparse.Namespace, arm: str, work: Path):
+    """The arm's online run; the commit it started at is recorded beside it (a resumed arm continues at its own)."""
+    from halo_train.online import OnlineConfig
 
     work.mkdir(parents=True, exist_ok=True)
-    started = work / "started.json"  # the commit each arm started at: a resumed arm must continue at it
+    started = work / "started.json"
     commit = _commit()
     if not started.exists():
         started.write_text(json.dumps({"commit": commit, "at": time.strftime("%Y-%m-%d %H:%M:%S")}))
     first = json.loads(started.read_text())
     if first["commit"] != commit:
         print(f"  note: {arm} started at {first['commit'][:10]}, continues at {commit[:10]}", flush=True)
-    cfg = OnlineConfig(
+    return OnlineConfig(
         base_model=a.model, tasks=[t.strip() for t in a.tasks.split(",") if t.strip()], iterations=a.iterations,
         group_size=a.group_size, max_episode_steps=a.max_episode_steps, train_seed_start=a.train_seed_start,
         eval_seed_start=a.eval_seed_start, eval_every=a.eval_every, eval_seeds=a.eval_seeds, eval_attempts=1,
@@ -113,19 +121,34 @@ def run_arm(a: argparse.Namespace, arm: str, work: Path) -> dict:
         train_steps=a.train_steps if ARMS[arm]["learner"] == "jobs" else None,
         serve=True, engine="chat", constrain_actions=True, observation="elements",
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"), lake=str(work / "lake"),
-        output_dir=str(work / "out"), run_id=f"online-{arm}", resume=(work / "out" / "online_run.json").exists(),
-        progress=False, **ARMS[arm],
+        output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, **ARMS[arm],
     )
-    print(f"\n{arm}:", flush=True)
-    run_online(cfg, echo=lambda line: print(f"  {line}", flush=True))
+
+
+def run_iterations(arm: str, cfg, iterations: int) -> None:
+    """The arm's run up to ``iterations`` iterations (resumed: what is recorded is not done again)."""
+    import dataclasses
+
+    from halo_train.online import run_online
+
+    resume = (Path(cfg.output_dir) / "online_run.json").exists()
+    run_online(dataclasses.replace(cfg, iterations=iterations, resume=resume),
+               echo=lambda line: print(f"  {arm}: {line}", flush=True))
+
+
+def arm_results(a: argparse.Namespace, arm: str, cfg, work: Path) -> dict:
+    """The arm's per-iteration figures from its lake's train_metrics."""
+    from halo_data.lake import Lake
+
+    first = json.loads((work / "started.json").read_text())
     rows = Lake.open(cfg.lake).query_arrow(
         "select step, metric, value from train_metrics where run_id = $r order by step", {"r": cfg.run_id}).to_pylist()
     per: dict[str, list] = {m: [None] * a.iterations for m in PER_ITERATION}
     for r in rows:
         if r["metric"] in per and r["step"] < a.iterations:
             per[r["metric"]][r["step"]] = r["value"]
-    per["seconds_per_trained_row"] = [u / n if u is not None and n else None
-                                      for u, n in zip(per["update_seconds"], per["rows_trained"])]
+    for name, seconds in (("seconds_per_trained_row", "update_seconds"), ("cpu_seconds_per_trained_row", "update_cpu_seconds")):
+        per[name] = [u / n if u is not None and n else None for u, n in zip(per[seconds], per["rows_trained"])]
     return {"commit": first["commit"], "started_at": first["at"], "per_iteration": per}
 
 
@@ -137,21 +160,23 @@ def _mean(values: list) -> float | None:
 def ratios(results: dict) -> dict:
     """persistent / jobs: mean displacement per iteration (target >= 3) and mean update seconds per trained row
     (target <= 0.7); and the arms' means."""
-    means = {arm: {k: _mean(r["per_iteration"][k]) for k in ("displacement_from_previous", "seconds_per_trained_row",
-                                                             "rows_trained", "update_seconds", "step_advantage_share")}
-             for arm, r in results.items()}
+    means = {arm: {k: _mean(r["per_iteration"][k]) for k in (
+        "displacement_from_previous", "seconds_per_trained_row", "cpu_seconds_per_trained_row", "rows_trained",
+        "update_seconds", "update_cpu_seconds", "step_advantage_share")} for arm, r in results.items()}
     out: dict = {"means": means}
     if {"jobs", "persistent"} <= results.keys():
         jobs, persistent = means["jobs"], means["persistent"]
         if jobs["displacement_from_previous"] and persistent["displacement_from_previous"] is not None:
             out["displacement_ratio"] = persistent["displacement_from_previous"] / jobs["displacement_from_previous"]
-        if jobs["seconds_per_trained_row"] and persistent["seconds_per_trained_row"] is not None:
-            out["seconds_per_row_ratio"] = persistent["seconds_per_trained_row"] / jobs["seconds_per_trained_row"]
+        for key, name in (("seconds_per_trained_row", "seconds_per_row_ratio"),
+                          ("cpu_seconds_per_trained_row", "cpu_seconds_per_row_ratio")):
+            if jobs[key] and persistent[key] is not None:
+                out[name] = persistent[key] / jobs[key]
     return out
 
 
 def print_table(results: dict, summary: dict) -> None:
-    print("\narm                 iteration  moved     rows trained/produced  update s  s/row  step share  dev success")
+    print("\narm                 iteration  moved     rows trained/produced  update s  s/row  CPU s/row  step share  dev success")
     for arm, r in results.items():
         p = r["per_iteration"]
         for k in range(len(p["update_seconds"])):
@@ -160,8 +185,9 @@ def print_table(results: dict, summary: dict) -> None:
                 return format(v, fmt) if v is not None else "-"
             print(f"{arm:<19} {k:>9}  {f('displacement_from_previous', '.4f'):>8}  "
                   f"{f('rows_trained', '.0f'):>6}/{f('rows_produced', '.0f'):<15} {f('update_seconds', '.1f'):>8}  "
-                  f"{f('seconds_per_trained_row', '.2f'):>5}  {f('step_advantage_share', '.2f'):>10}  {f('success_rate/heldout', '.0%'):>11}")
-    for key, target in (("displacement_ratio", ">= 3"), ("seconds_per_row_ratio", "<= 0.7")):
+                  f"{f('seconds_per_trained_row', '.2f'):>5}  {f('cpu_seconds_per_trained_row', '.2f'):>9}  "
+                  f"{f('step_advantage_share', '.2f'):>10}  {f('success_rate/heldout', '.0%'):>11}")
+    for key, target in (("displacement_ratio", ">= 3"), ("seconds_per_row_ratio", "<= 0.7"), ("cpu_seconds_per_row_ratio", "<= 0.7")):
         if key in summary:
             print(f"persistent / jobs {key.replace('_', ' ')}: {summary[key]:.2f} (target {target})")
 

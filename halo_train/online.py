@@ -517,9 +517,9 @@ def _job_update(grpo: GRPOConfig, final: Path) -> None:
     from halo_train.trainer_utils import STATS_FILE
 
     staging = Path(grpo.output_dir)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     train_grpo(grpo)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     stats = json.loads((staging / "final" / STATS_FILE).read_text())
     stats["update_seconds"] = seconds
     # What the job did, as the persistent learner reports it: the rows it read, how far it moved the adapter.
@@ -529,6 +529,7 @@ def _job_update(grpo: GRPOConfig, final: Path) -> None:
     before = adapter_lora_weights(grpo.init_adapter) if grpo.init_adapter else None
     steps = int(stats.get("global_step") or 0)
     stats["update_metrics"] = {
+        "update_cpu_seconds": cpu_seconds,
         "rows_trained": float(min(int(stats.get("rows") or 0), steps * grpo.batch_size * grpo.gradient_accumulation_steps)),
         "optimizer_steps": float(steps),
         "displacement_from_base": displacement(now),

@@ -272,7 +272,8 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
     """Update v+1 with the run's persistent learner (``halo_train.learner``) on what ``train`` (a GRPOConfig or a
     DPOConfig) reads; the adapter, its learner state and training_stats.json into ``final``, renamed in when complete.
 
-    The update's own run (``train.run_id``) is recorded before its version folder exists: its lineage (the table
+    ``update_seconds`` is wall time, ``update_cpu_seconds`` this process's CPU time over the same span. The
+    update's own run (``train.run_id``) is recorded before its version folder exists: its lineage (the table
     versions it read) and one metrics row per optimizer step. A kill in between retrains the same update from the
     same learner state, and writes nothing twice."""
     import dataclasses as dc
@@ -286,7 +287,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
     from halo_train.metrics import metric_rows, record_run
     from halo_train.trainer_utils import STATS_FILE
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
                              batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps)
     template = dc.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
@@ -314,6 +315,8 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
     saved = learner.save(final, {STATS_FILE: json.dumps(stats, indent=2, default=str)})
     metrics["update_save_seconds"] = time.perf_counter() - t1
     metrics["update_seconds"] = time.perf_counter() - t0
+    # CPU seconds of this process (every thread): what the update cost, whatever else the machine was doing.
+    metrics["update_cpu_seconds"] = time.process_time() - cpu0
     stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
     (saved / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
 

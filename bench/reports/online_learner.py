@@ -23,8 +23,10 @@ def report(results_dir: pathlib.Path) -> str:
             m = run["means"][arm]
             rows.append([arm, _fmt(m["displacement_from_previous"], ".4f"), _fmt(m["rows_trained"], ".0f"),
                          _fmt(m["update_seconds"], ".1f"), _fmt(m["seconds_per_trained_row"], ".2f"),
+                         _fmt(m.get("cpu_seconds_per_trained_row"), ".2f"),
                          _fmt(m["step_advantage_share"], ".2f"), ", ".join(heldout) or "–", r["commit"][:10]])
-        head = ["arm", "moved per iteration", "rows trained", "update s", "s per trained row", "step share of advantage",
+        head = ["arm", "moved per iteration", "rows trained", "update s", "s per trained row", "CPU s per trained row",
+                "step share of advantage",
                 "dev success", "commit"]
         out.append(table(head, rows))
         ratios = []
@@ -32,6 +34,8 @@ def report(results_dir: pathlib.Path) -> str:
             ratios.append(f"persistent / jobs displacement per iteration: {run['displacement_ratio']:.2f}× (target ≥ 3×)")
         if "seconds_per_row_ratio" in run:
             ratios.append(f"update seconds per trained row: {run['seconds_per_row_ratio']:.2f}× (target ≤ 0.7×)")
+        if "cpu_seconds_per_row_ratio" in run:
+            ratios.append(f"update CPU seconds per trained row: {run['cpu_seconds_per_row_ratio']:.2f}× (target ≤ 0.7×)")
         out.append("\n".join(f"- {line}" for line in ratios + [
             f"{provenance(run)}; load {run['load_before'][0]:.1f} before, {run['load_after'][0]:.1f} after"]) + "\n")
     return "\n".join(out)
