@@ -14,6 +14,6 @@ def report(results_dir: pathlib.Path) -> str:
         m = run["machine"]
         out.append(f"`{run['command']}` ({run['started_at']}, {m['cpus']} cores, load {m['load_average_at_start'][0]:.1f} "
                    f"at the start; `bench/results/lake/{run['file']}`), "
-                   "min / median / max over repeats:\n")
+                   "min / median / max over repeats" + (f" ({run['stopped']})" if run.get("stopped") else "") + ":\n")
         out.append(table(["figure", "size", "measured", "target", "met"], [list(r) for r in table_rows(run)]))
     return "\n".join(out)
