@@ -262,7 +262,7 @@ class Learner:
         before this update (the distribution its stored logprobs are of), for truncated importance sampling."""
         import torch
 
-        from halo_train.grpo import _processed
+        from halo_train.grpo_loss import _processed
         from halo_train.vlm import model_inputs
 
         self.model.eval()
@@ -321,7 +321,7 @@ class Learner:
         completion token was drawn from."""
         import torch
 
-        from halo_train.grpo import _processed, approx_kl_terms
+        from halo_train.grpo_loss import _processed, approx_kl_terms
         from halo_train.vlm import model_inputs
 
         kl_sum = kl_tokens = entropy_sum = entropy_tokens = 0.0
