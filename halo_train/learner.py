@@ -183,6 +183,8 @@ class Learner:
         trained: set[int] = set()
         t0 = time.perf_counter()
         for _ in range(opts.epochs_per_update):
+            if opts.max_steps is not None and len(step_log) >= opts.max_steps:
+                break
             order = torch.randperm(len(rows), generator=self.generator).tolist()
             for minibatch in _chunks(order, opts.mini_batch_size):
                 if opts.max_steps is not None and len(step_log) >= opts.max_steps:
@@ -225,10 +227,6 @@ class Learner:
             "rows_read": float(len(rows)),
             "optimizer_steps": float(len(step_log)),
             "learner_step": float(self.step),
-            "loss": mean("loss"),
-            "clip_ratio": mean("clip_ratio"),
-            "importance_ratio_mean": mean("importance_ratio_mean"),
-            "grad_norm": mean("grad_norm"),
             "learning_rate": step_log[-1]["learning_rate"] if step_log else 0.0,
             "displacement_from_base": displacement(after),
             "displacement_from_previous": displacement(after, before),
