@@ -150,16 +150,92 @@ def behaviour_token_logps(model, inputs):
     return _processed(logits, inputs), inputs["completion_mask"][:, 1:]
 
 
-def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float]):
+def prompt_spans(inputs) -> list[tuple[int, int]] | None:
+    """Each row's (prompt length, completion length) when every row of the batch is one prompt followed by one
+    completion (its completion mask is 0 then 1 up to its length), else None."""
+    mask = inputs["completion_mask"].bool()
+    starts = mask.int().argmax(-1).tolist()  # the first completion token (0 where there is none)
+    spans = []
+    for i, (start, length) in enumerate(zip(starts, inputs["attention_mask"].sum(-1).tolist())):
+        if start < 1 or int(mask[i].sum()) != length - start:
+            return None
+        spans.append((int(start), int(length) - int(start)))
+    return spans
+
+
+def _forward_with_cache(model, **kwargs):
+    """``model(...)`` with a KV cache in and out, under either name transformers has given it ("cache" since 5)."""
+    import inspect
+
+    forward = getattr(model, "get_base_model", lambda: model)().forward
+    name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    if "cache" in kwargs:
+        kwargs[name] = kwargs.pop("cache")
+    out = model(**kwargs)
+    return out, getattr(out, name, None) if name == "cache" else out.past_key_values
+
+
+def shared_prompt_token_logps(model, inputs):
+    """``behaviour_token_logps`` computing each distinct prompt once: rows of one state share its prompt's forward
+    pass (its key/value cache, repeated for each of them), and only their completions are run per row; logits
+    only where a completion token is predicted. The same values as the full forward within float rounding
+    (``tests/test_learner.py``), for a fraction of the work where a state's rows outnumber its prompts (GRPO's
+    groups, an anchor state's samples): an agent's prompt is long and its action short.
+
+    Rows that are not one prompt and one completion (``prompt_spans``) go through the full forward.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from halo_train.behaviour import processed_token_logps
+
+    spans = prompt_spans(inputs)
+    if spans is None:
+        return behaviour_token_logps(model, inputs)
+    ids = inputs["input_ids"]
+    width = ids.size(1) - 1
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, (start, _) in enumerate(spans):
+        by_prompt.setdefault(tuple(ids[i, :start].tolist()), []).append(i)
+    allowed = inputs.get("allowed_token_ids")
+    rows: list = [None] * ids.size(0)
+    for prompt, members in by_prompt.items():
+        start, k = len(prompt), len(members)
+        longest = max(spans[i][1] for i in members)
+        first, cache = _forward_with_cache(model, input_ids=ids[members[0] : members[0] + 1, :start], use_cache=True,
+                                           logits_to_keep=1)
+        logits = first.logits[:, -1:].expand(k, 1, -1)  # predicts each row's first completion token
+        if longest > 1:
+            if k > 1:
+                cache.batch_repeat_interleave(k)
+            completion = ids[members, start : start + longest - 1]
+            attention = torch.cat([torch.ones(k, start, dtype=inputs["attention_mask"].dtype, device=ids.device),
+                                   inputs["attention_mask"][members, start : start + longest - 1]], dim=1)
+            rest, _ = _forward_with_cache(model, input_ids=completion, attention_mask=attention, cache=cache, use_cache=True)
+            logits = torch.cat([logits, rest.logits], dim=1)
+        targets = ids[members, start : start + longest]
+        logps = processed_token_logps(logits.float(), targets, inputs["temperature"][members],
+                                      None if allowed is None else allowed[members, start - 1 : start - 1 + longest])
+        for j, i in enumerate(members):
+            length = spans[i][1]
+            rows[i] = F.pad(logps[j, :length], (start - 1, width - (start - 1) - length))
+    return torch.stack(rows), inputs["completion_mask"][:, 1:]
+
+
+def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float], share_prompts: bool = False):
     """GRPO's loss on one collated batch (``GRPOCollator``) under ``model``; returns (loss, stats).
 
     The one loss both learners compute: the job's Trainer (``make_trainer_class``) and the online learner
     (``halo_train.learner``). Stats: the loss function's (clip_ratio, importance_ratio_mean, approx_kl, ...),
-    the batch's rewards and advantages, and with ``grpo.beta`` > 0 the KL to the base model.
+    the batch's rewards and advantages, and with ``grpo.beta`` > 0 the KL to the base model. ``share_prompts``:
+    each distinct prompt's forward pass once (``shared_prompt_token_logps``) for rows of a text model.
     """
     import torch
 
-    token_logps, completion_mask = behaviour_token_logps(model, inputs)
+    if share_prompts and "temperature" in inputs and "group_index" not in inputs:
+        token_logps, completion_mask = shared_prompt_token_logps(model, inputs)
+    else:
+        token_logps, completion_mask = behaviour_token_logps(model, inputs)
     if "group_index" in inputs:
         loss, stats = choice_softmax_loss(
             token_logps, completion_mask, inputs["group_index"], inputs["advantage"].float(),

@@ -19,6 +19,11 @@ after an optional linear warm-up), the random generators and the step count. Eac
 2. Passes. ``epochs_per_update`` passes over **every** row, shuffled by the learner's generator, in
    minibatches of ``mini_batch_size`` rows (one optimizer step each), each minibatch in forward passes of
    ``batch_size`` rows with their gradients accumulated. ``max_steps`` caps the optimizer steps of one update.
+   With ``share_prompts`` (the default for text models) the shuffle is of states: the rows of one prompt stay
+   together, and a forward pass runs each distinct prompt once, its completions on its key/value cache
+   (``halo_train.grpo_loss.shared_prompt_token_logps``). An agent's prompt is hundreds of tokens and its action
+   a few, and a GRPO group's rows (an anchor state's samples) share their prompt: the same loss and gradient
+   for a fraction of the work.
 3. Loss. GRPO's clipped surrogate against the stored logprobs (``halo_train.grpo.batch_loss``, the loss the
    ``halo-train grpo`` job computes), gradient norm clipped to ``max_grad_norm``.
 4. What the update did (returned, and recorded per iteration by the loop): rows trained, optimizer steps,
@@ -65,6 +70,7 @@ class LearnerOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     measure_rows: int = 16  # rows the KL and entropy after an update are measured on (a forward pass each); 0: none
+    share_prompts: bool = True  # a state's rows share one minibatch and one forward pass of their prompt
 
     def __post_init__(self) -> None:
         for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
@@ -185,16 +191,13 @@ class Learner:
         for _ in range(opts.epochs_per_update):
             if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                 break
-            order = torch.randperm(len(rows), generator=self.generator).tolist()
-            for minibatch in _chunks(order, opts.mini_batch_size):
+            for minibatch in _chunks(self._epoch_order(rows), opts.mini_batch_size):
                 if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                     break
                 self.optimizer.zero_grad(set_to_none=True)
                 trained.update(minibatch)
                 sums: dict[str, float] = {}
-                # Forward passes of rows of like length: the minibatch's gradient is the same, with less padding.
-                by_length = sorted(minibatch, key=lambda i: _length(rows[i]))
-                for micro in _chunks(by_length, opts.batch_size):
+                for micro in _chunks(sorted(minibatch, key=lambda i: self._pass_key(rows[i])), opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
                     loss, stats = loss_of(batch)
                     share = len(micro) / len(minibatch)  # the minibatch's loss is the mean of its rows'
@@ -236,6 +239,36 @@ class Learner:
         }
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
 
+    def _epoch_order(self, rows: list[dict[str, Any]]) -> list[int]:
+        """One pass's row order, drawn from the learner's generator: the rows shuffled or, when prompts are shared,
+        the states shuffled with their rows together (a group's rows fill minibatches together, as verl counts
+        its minibatches in prompts), so that each state's prompt is run once per minibatch."""
+        import torch
+
+        if not self._shares_prompts(rows):
+            return torch.randperm(len(rows), generator=self.generator).tolist()
+        states: dict[tuple[int, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            states.setdefault(_prompt_ids(row), []).append(i)
+        groups = list(states.values())
+        order = []
+        for g in torch.randperm(len(groups), generator=self.generator).tolist():
+            members = groups[g]
+            order += [members[j] for j in torch.randperm(len(members), generator=self.generator).tolist()]
+        return order
+
+    def _shares_prompts(self, rows: list[dict[str, Any]]) -> bool:
+        return self.options.share_prompts and self.vision is None and bool(rows) and "completion_mask" in rows[0] \
+            and not isinstance(rows[0].get("advantage"), list)
+
+    def _pass_key(self, row: dict[str, Any]):
+        """How a minibatch's rows are ordered into forward passes: by prompt where prompts are shared (a state's
+        rows in one pass), else by length (the same gradient with less padding)."""
+        if self._shares_prompts([row]):
+            prompt = _prompt_ids(row)
+            return (len(prompt), prompt)
+        return (_length(row), ())
+
     def _grpo_rows(self, cfg: GRPOConfig):
         """GRPO's training items (``halo_train.grpo``), their collator and loss; the lineage read; the figures."""
         from halo_train.data import NoTrainingSignalError, read_for
@@ -253,7 +286,9 @@ class Learner:
                                        "or a vision-language base model")
             self._score_before_update(rows, collate)
         clip = clip_range(cfg)
-        return rows, collate, lambda batch: batch_loss(self.model, batch, cfg, clip), read.lineage, {**extra, "dropped_rows": dropped}
+        share = self._shares_prompts(rows)
+        return (rows, collate, lambda batch: batch_loss(self.model, batch, cfg, clip, share_prompts=share), read.lineage,
+                {**extra, "dropped_rows": dropped})
 
     def _score_before_update(self, rows: list[dict[str, Any]], collate) -> None:
         """Each token-exact row's ``trainer_logprobs``: the trainer's logprob of each stored token under the weights
@@ -380,6 +415,12 @@ def _length(row: dict[str, Any]) -> int:
     """A training item's tokens (a choice group's: all its candidates')."""
     ids = row.get("input_ids") or row.get("chosen", {}).get("input_ids") or []
     return sum(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def _prompt_ids(row: dict[str, Any]) -> tuple[int, ...]:
+    """A tokenised row's prompt: its ids before the first completion token."""
+    mask = row["completion_mask"]
+    return tuple(row["input_ids"][: mask.index(1) if 1 in mask else len(mask)])
 
 
 def _to_device(batch: dict[str, Any], device) -> dict[str, Any]:

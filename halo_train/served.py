@@ -57,6 +57,7 @@ class ServedLoopConfig:
     epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
     mini_batch_size: int = _field(16, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
+    share_prompts: bool = _field(True, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(4, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
@@ -289,7 +290,8 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
-                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps)
+                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps,
+                             share_prompts=cfg.share_prompts)
     template = dc.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
     learner, load_seconds = held_learner(str(Path(cfg.output_dir).resolve()), template, options, trained.version, trained.path)
     started = dt.datetime.now(dt.timezone.utc)

@@ -143,3 +143,43 @@ def test_truncated_importance_sampling_takes_ratios_against_the_trainer_and_caps
         from halo_train.grpo import train_grpo
 
         train_grpo(tis_cfg)
+
+
+def test_shared_prompts_give_the_full_forwards_loss_and_gradient_with_fewer_tokens_run(setup):
+    """A state's rows run its prompt once (its key/value cache repeated for each completion): the loss and every
+    LoRA gradient equal the full forward's, and the model embeds fewer tokens."""
+    from halo_train.grpo_loss import batch_loss, clip_range, prompt_spans
+    from halo_train.learner import _prompt_ids
+
+    cfg, options = setup
+    learner = Learner.start(cfg, options)
+    rows, collate, _, _, _ = learner._grpo_rows(cfg)
+    prompts = {_prompt_ids(r) for r in rows}
+    assert len(prompts) < len(rows)  # a group's rows share their state's prompt
+    batch = collate(rows)
+    assert prompt_spans(batch) is not None
+    # Train a little first so that the adapter is not zero (B = 0 at the start makes every LoRA gradient of A zero).
+    learner.update(cfg)
+    embedded = []
+    hook = learner.model.get_input_embeddings().register_forward_hook(lambda m, i, o: embedded.append(i[0].numel()))
+    results = {}
+    for share in (False, True):
+        learner.model.zero_grad(set_to_none=True)
+        embedded.clear()
+        loss, stats = batch_loss(learner.model, batch, cfg, clip_range(cfg), share_prompts=share)
+        loss.backward()
+        grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+        results[share] = (float(loss), grads, sum(embedded), stats)
+    hook.remove()
+    (full_loss, full_grads, full_tokens, full_stats), (loss, grads, tokens, stats) = results[False], results[True]
+    assert loss == pytest.approx(full_loss, abs=1e-5)
+    assert grads.keys() == full_grads.keys() and grads
+    for name, g in grads.items():
+        torch.testing.assert_close(g, full_grads[name], atol=1e-5, rtol=1e-3)
+    assert stats["approx_kl"] == pytest.approx(full_stats["approx_kl"], abs=1e-5)
+    assert tokens < full_tokens  # each distinct prompt once, then only the completions
+    # The learner's passes keep a state's rows together: each minibatch holds whole states where they fit.
+    order = learner._epoch_order(rows)
+    assert sorted(order) == list(range(len(rows)))
+    keys = [_prompt_ids(rows[i]) for i in order]
+    assert sum(a != b for a, b in zip(keys, keys[1:])) == len(prompts) - 1
