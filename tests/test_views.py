@@ -499,3 +499,52 @@ def test_view_aggregates_give_the_same_digits_on_every_run(tmp_path):
                 con.close()
         assert results[0].num_rows > 0, sql
         assert all(r.equals(results[0]) for r in results[1:]), sql
+
+
+def test_dpo_pairs_default_pairing_equals_the_brute_force_rule_on_random_steps():
+    """The default pair per prompt (found without pairing every step with every other) is the one the rule names:
+    over every ordered pair of differing outputs, the best chosen rank, then the worst rejected rank, then the
+    lower episode ids and step indexes; in each scope. Random prompts, outputs and tied ranks, on DuckDB."""
+    import random
+
+    import duckdb
+
+    from halo_data.views import get_view
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE candidates (run_id VARCHAR, task_id VARCHAR, prompt_hash VARCHAR, prompt VARCHAR, "
+                "model_output VARCHAR, episode_id VARCHAR, step_idx INTEGER, score DOUBLE, candidate_idx INTEGER)")
+    con.execute("CREATE TABLE mcts_pairs (source VARCHAR, run_id VARCHAR, task_id VARCHAR, prompt_hash VARCHAR, "
+                "prompt VARCHAR, chosen VARCHAR, rejected VARCHAR, tree_id VARCHAR, parent_id VARCHAR, step_idx INTEGER, "
+                "chosen_q DOUBLE, rejected_q DOUBLE, chosen_logprob_sum DOUBLE, rejected_logprob_sum DOUBLE, "
+                "chosen_node_id VARCHAR, rejected_node_id VARCHAR)")
+    rng = random.Random(7)
+    checked = 0
+    for case in range(60):
+        episodes = [(f"e{i:02d}", rng.choice("ab"), rng.randint(1, 4)) for i in range(rng.randint(2, 12))]  # id, run, rank
+        steps = [(run, "t", rng.choice(["p", "q"]), rng.choice(["x", "y", "z"]), ep, k, None, "prompt")
+                 for ep, run, _ in episodes for k in range(rng.randint(1, 3))]
+        con.execute("CREATE OR REPLACE TABLE steps (run_id VARCHAR, task_id VARCHAR, prompt_hash VARCHAR, "
+                    "model_output VARCHAR, episode_id VARCHAR, step_idx INTEGER, action_source VARCHAR, prompt VARCHAR)")
+        con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)", steps)
+        con.execute("CREATE OR REPLACE TABLE progress_ranking (episode_id VARCHAR, rank BIGINT, percentile DOUBLE, error VARCHAR)")
+        con.executemany("INSERT INTO progress_ranking VALUES (?, ?, ?, NULL)", [(e, r, 1.0 / r) for e, _, r in episodes])
+        rank = {e: r for e, _, r in episodes}
+        con.execute(f"CREATE OR REPLACE VIEW dpo_pairs AS {get_view('dpo_pairs').sql}")
+        for scope in ("lake", "run"):
+            con.execute("SET VARIABLE halo_dpo_pairing = 'best_vs_worst'")
+            con.execute(f"SET VARIABLE halo_dpo_scope = '{scope}'")
+            got = sorted(con.execute("SELECT run_id, prompt_hash, chosen_episode_id, chosen_step_idx, rejected_episode_id, "
+                                     "rejected_step_idx FROM dpo_pairs").fetchall())
+            best: dict[tuple, tuple] = {}
+            for c in steps:
+                for r in steps:
+                    if c[2] != r[2] or rank[c[4]] >= rank[r[4]] or c[3] == r[3] or (scope == "run" and c[0] != r[0]):
+                        continue
+                    key = (c[2], c[0] if scope == "run" else None)
+                    order = (rank[c[4]], -rank[r[4]], c[4], r[4], c[5], r[5])
+                    if key not in best or order < best[key][0]:
+                        best[key] = (order, (c[0], c[2], c[4], c[5], r[4], r[5]))
+            assert got == sorted(pair for _, pair in best.values()), (case, scope)
+            checked += len(got)
+    assert checked > 50

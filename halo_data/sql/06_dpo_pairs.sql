@@ -16,7 +16,14 @@ WITH ranked_steps AS (
       AND s.action_source IS DISTINCT FROM 'manager'  -- a manager's advice is no action to prefer
 ),
 
-episode_candidate_pairs AS (
+-- variable halo_dpo_scope = 'run': a step is paired only with steps of its own run (NULL: across the lake)
+keyed_steps AS (
+    SELECT *, CASE WHEN getvariable('halo_dpo_scope') = 'run' THEN run_id END AS pair_scope
+    FROM ranked_steps
+),
+
+-- variable halo_dpo_pairing = 'all': every ordered pair of differing outputs at a prompt (quadratic in its steps)
+all_pairs AS (
     SELECT
         'episodes' AS source,
         c.run_id,
@@ -29,36 +36,87 @@ episode_candidate_pairs AS (
         r.episode_id AS rejected_episode_id,
         r.step_idx AS rejected_step_idx,
         c.percentile AS chosen_score,
-        r.percentile AS rejected_score,
-        c.rank AS chosen_rank,
-        r.rank AS rejected_rank
-    FROM ranked_steps AS c
-    JOIN ranked_steps AS r
+        r.percentile AS rejected_score
+    FROM keyed_steps AS c
+    JOIN keyed_steps AS r
         ON c.task_id = r.task_id
         AND c.prompt_hash = r.prompt_hash
+        AND c.pair_scope IS NOT DISTINCT FROM r.pair_scope
         AND c.rank < r.rank
         AND c.completion <> r.completion
-        -- variable halo_dpo_scope = 'run': a step is paired only with steps of its own run
-        AND (getvariable('halo_dpo_scope') IS DISTINCT FROM 'run' OR c.run_id = r.run_id)
+    WHERE getvariable('halo_dpo_pairing') = 'all'
+    -- every (prompt, chosen episode, rejected episode) once, from their earliest steps
+    QUALIFY row_number() OVER (
+        PARTITION BY c.task_id, c.prompt_hash, c.episode_id, r.episode_id ORDER BY c.step_idx, r.step_idx
+    ) = 1
+),
+
+-- By default one pair per prompt: the best-ranked step against the worst-ranked step whose output differs
+-- (ties: the better other side, then the lower episode ids and step indexes). Found in time linear in the
+-- prompt's steps: a step's worst differing rival is the worst rank among the other outputs, which the two
+-- outputs with the worst ranks give.
+output_worst AS (
+    SELECT task_id, prompt_hash, pair_scope, completion, max(rank) AS worst
+    FROM keyed_steps
+    WHERE getvariable('halo_dpo_pairing') IS DISTINCT FROM 'all'
+    GROUP BY ALL
+),
+
+worst_two AS (
+    SELECT
+        task_id, prompt_hash, pair_scope,
+        any_value(completion) FILTER (WHERE n = 1) AS worst_output,
+        max(worst) FILTER (WHERE n = 1) AS worst_rank,
+        max(worst) FILTER (WHERE n = 2) AS runner_up_rank
+    FROM (
+        SELECT *, row_number() OVER (PARTITION BY task_id, prompt_hash, pair_scope ORDER BY worst DESC, completion) AS n
+        FROM output_worst
+    )
+    WHERE n <= 2
+    GROUP BY ALL
+),
+
+best_chosen AS (
+    SELECT s.*, CASE WHEN s.completion = w.worst_output THEN w.runner_up_rank ELSE w.worst_rank END AS rival_rank
+    FROM keyed_steps AS s
+    JOIN worst_two AS w
+        ON s.task_id = w.task_id AND s.prompt_hash = w.prompt_hash AND s.pair_scope IS NOT DISTINCT FROM w.pair_scope
+    WHERE rival_rank > s.rank
+    -- the best-ranked steps with a worse differing rival (all the steps of that episode at the prompt)
+    QUALIFY rank() OVER (PARTITION BY s.task_id, s.prompt_hash, s.pair_scope ORDER BY s.rank, rival_rank DESC, s.episode_id) = 1
+),
+
+best_pairs AS (
+    SELECT
+        'episodes' AS source,
+        c.run_id,
+        c.task_id,
+        c.prompt_hash,
+        c.completion AS chosen,
+        r.completion AS rejected,
+        c.episode_id AS chosen_episode_id,
+        c.step_idx AS chosen_step_idx,
+        r.episode_id AS rejected_episode_id,
+        r.step_idx AS rejected_step_idx,
+        c.percentile AS chosen_score,
+        r.percentile AS rejected_score
+    FROM best_chosen AS c
+    JOIN keyed_steps AS r
+        ON c.task_id = r.task_id
+        AND c.prompt_hash = r.prompt_hash
+        AND c.pair_scope IS NOT DISTINCT FROM r.pair_scope
+        AND r.rank = c.rival_rank
+        AND c.completion <> r.completion
+    QUALIFY row_number() OVER (
+        PARTITION BY c.task_id, c.prompt_hash, c.pair_scope
+        ORDER BY r.episode_id, c.step_idx, r.step_idx
+    ) = 1
 ),
 
 episode_pairs_by_key AS (
-    SELECT * EXCLUDE (chosen_rank, rejected_rank)
-    FROM episode_candidate_pairs
-    QUALIFY
-        CASE
-            -- every (prompt, chosen episode, rejected episode) once, from their earliest steps
-            WHEN getvariable('halo_dpo_pairing') = 'all' THEN row_number() OVER (
-                PARTITION BY task_id, prompt_hash, chosen_episode_id, rejected_episode_id
-                ORDER BY chosen_step_idx, rejected_step_idx
-            ) = 1
-            -- one pair per prompt: the best-ranked step against the worst-ranked step whose output differs
-            ELSE row_number() OVER (
-                PARTITION BY task_id, prompt_hash, CASE WHEN getvariable('halo_dpo_scope') = 'run' THEN run_id END
-                ORDER BY chosen_rank, rejected_rank DESC, chosen_episode_id, rejected_episode_id,
-                    chosen_step_idx, rejected_step_idx
-            ) = 1
-        END
+    SELECT * FROM all_pairs
+    UNION ALL
+    SELECT * FROM best_pairs
 ),
 
 episode_pairs AS (
