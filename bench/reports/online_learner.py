@@ -29,6 +29,7 @@ def report(results_dir: pathlib.Path) -> str:
                 "step share of advantage",
                 "dev success", "commit"]
         out.append(table(head, rows))
+        out.append(per_iteration(run))
         ratios = []
         if "displacement_ratio" in run:
             ratios.append(f"persistent / jobs displacement per iteration: {run['displacement_ratio']:.2f}× (target ≥ 3×)")
@@ -39,3 +40,19 @@ def report(results_dir: pathlib.Path) -> str:
         out.append("\n".join(f"- {line}" for line in ratios + [
             f"{provenance(run)}; load {run['load_before'][0]:.1f} before, {run['load_after'][0]:.1f} after"]) + "\n")
     return "\n".join(out)
+
+
+def per_iteration(run: dict) -> str:
+    """Iteration by iteration, each arm's displacement from the version before, rows trained / produced and update
+    seconds."""
+    arms = list(run["arms"])
+    n = max(len(r["per_iteration"]["displacement_from_previous"]) for r in run["arms"].values())
+    rows = []
+    for k in range(n):
+        row = [str(k + 1)]
+        for arm in arms:
+            p = run["arms"][arm]["per_iteration"]
+            row.append(f"{_fmt(p['displacement_from_previous'][k], '.4f')}, {_fmt(p['rows_trained'][k], '.0f')}/"
+                       f"{_fmt(p['rows_produced'][k], '.0f')} rows, {_fmt(p['update_seconds'][k], '.0f')} s")
+        rows.append(row)
+    return table(["iteration", *(f"{arm}: moved, rows trained/produced, update s" for arm in arms)], rows)
