@@ -12,6 +12,11 @@ def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _mean(values: list) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
 def report(results_dir: pathlib.Path) -> str:
     runs = load_runs(results_dir)
     out = []
@@ -21,11 +26,16 @@ def report(results_dir: pathlib.Path) -> str:
             p = r["per_iteration"]
             heldout = [f"it {k + 1}: {v:.0%}" for k, v in enumerate(p["success_rate/heldout"]) if v is not None]
             m = run["means"][arm]
-            rows.append([arm, _fmt(m["displacement_from_previous"], ".4f"), _fmt(m["rows_trained"], ".0f"),
+            last = [v for v in p["displacement_from_base"] if v is not None]
+            rows.append([arm, _fmt(m["displacement_from_previous"], ".4f"), _fmt(last[-1] if last else None, ".4f"),
+                         _fmt(_mean(p["optimizer_steps"]), ".1f"), _fmt(_mean(p["approx_kl"]), ".4f"),
+                         _fmt(_mean(p["success_rate/train"][len(p["success_rate/train"]) // 2:]), ".0%"),
+                         _fmt(m["rows_trained"], ".0f"),
                          _fmt(m["update_seconds"], ".1f"), _fmt(m["seconds_per_trained_row"], ".2f"),
                          _fmt(m.get("cpu_seconds_per_trained_row"), ".2f"),
                          _fmt(m["step_advantage_share"], ".2f"), ", ".join(heldout) or "–", r["commit"][:10]])
-        head = ["arm", "moved per iteration", "rows trained", "update s", "s per trained row", "CPU s per trained row",
+        head = ["arm", "moved per iteration", "moved from base at the end", "optimizer steps per update",
+                "KL(new‖old) per update", "sampled success, second half", "rows trained", "update s", "s per trained row", "CPU s per trained row",
                 "step share of advantage",
                 "dev success", "commit"]
         out.append(table(head, rows))
