@@ -235,6 +235,32 @@ def quarantine(lake: Lake, run_id: str) -> dict[str, Any]:
     return {"run_id": run_id, "deleted_rows": deleted, "restore_as_of": before}
 
 
+UNSTARTED_EPISODES_SQL = """
+    select run_id, episode_id from steps
+    where run_id = $r
+    group by run_id, episode_id
+    having bool_and(model_output is null and action is null) and bool_or(error_kind = 'env')
+"""
+
+
+def drop_unstarted_episodes(lake: Lake, run_id: str) -> list[str]:
+    """Delete a run's episodes whose environment failed before the policy acted (an env error, no model output
+    and no action on any step), which older HALO versions wrote as failed attempts; returns their episode ids.
+    They tested no policy, so ``--resume`` runs them as if never run. Recoverable with ``--as-of`` until vacuumed."""
+    from deltalake import CommitProperties
+
+    lake.check_writable()
+    episodes = [r["episode_id"] for r in lake.query_arrow(UNSTARTED_EPISODES_SQL, {"r": run_id}, views=False,
+                                                          tables=("steps",)).to_pylist()]
+    if not episodes:
+        return []
+    listed = ", ".join("'" + e.replace("'", "''") + "'" for e in episodes)
+    for name in ("steps", "candidates"):
+        lake.table(name).delete(predicate=f"run_id = '{run_id}' AND episode_id IN ({listed})",
+                                commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
+    return episodes
+
+
 # ---------------------------------------------------------------------- export
 TRL_COLUMNS = {
     "bc_rows": ("prompt", "completion"),

@@ -253,3 +253,36 @@ def test_a_protocol_that_contradicts_itself_is_refused(tmp_path):
     with pytest.raises(ProtocolError, match="dev seeds only"):
         Protocol.load(tmp_path / "c.yaml")
     assert isinstance(Records(tmp_path / "none").current(), type(None))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_episodes_whose_environment_never_started_are_removed_and_run_again(ran, tmp_path):
+    """An episode written by an older rollout whose environment failed before the policy acted (an env error, no
+    model output, no action) tested no policy: run removes it, records that, and its test cell resumes with the
+    same policy, so the seed is evaluated once for real."""
+    import shutil
+
+    from halo_data.lake import Lake
+    from halo_data.writer import append_rows
+
+    ran, _ = ran
+    root = tmp_path / "copy"
+    shutil.copytree(ran.root, root)
+    runner = Runner(ran.p, root, code_dir=ran.records.code_dir)
+    cell = ran.p.eval_cells("random", 0)[0]
+    lake = Lake.open(str(root / "lake"))
+    first = lake.query_arrow("select * from steps where run_id = $r order by task_seed, step_idx limit 1",
+                             {"r": cell.run_id}, views=False, tables=("steps",)).to_pylist()[0]
+    lake.table("steps").delete(predicate=f"episode_id = '{first['episode_id']}'")
+    append_rows(lake, "steps", [{**first, "model_output": None, "action": None, "action_valid": False, "success": False,
+                                 "error": "reset of miniwob.click-button failed: Playwright connection closed",
+                                 "error_kind": "env", "n_steps": 0, "is_last": True}])
+    assert runner.state.episodes(cell.run_id) == cell.episodes  # the cell looks complete
+    runner.run()
+    dropped = [s for s in runner.records.stages() if s["event"] == "dropped_unstarted"]
+    assert [(s["run_id"], s["episode_ids"]) for s in dropped] == [(cell.run_id, [first["episode_id"]])]
+    again = runner.state.query("select count(*) n, count(error) errors, bool_and(action is not null) acted from steps "
+                               "where episode_id = $e", {"e": first["episode_id"]}, views=False, tables=("steps",))
+    assert again[0]["errors"] == 0 and again[0]["acted"] and again[0]["n"] >= 1  # run again, by the policy
+    assert runner.state.episodes(cell.run_id) == cell.episodes

@@ -265,3 +265,50 @@ def test_resume_after_sigkill_completes_exactly_the_missing_episodes(tmp_path):
     assert counts["episodes"] == counts["distinct_ids"] == 9
     assert _rows(lake, "select count(*) as n from steps where run_id = 'r-kill'")[0]["n"] == counts["steps"]
     assert _rows(lake, "select status from runs where run_id = 'r-kill'")[0]["status"] == "finished"
+
+
+from halo_agent.envs.miniwob import MiniWoBEnv  # noqa: E402
+
+
+class FlakyMiniWoB(MiniWoBEnv):
+    """MiniWoB++ whose first ``failures`` resets fail as a dead browser's do (an outage of the environment)."""
+
+    failures = 0
+    failed = 0
+
+    def reset(self, task, task_seed):
+        from halo_agent.envs.base import EnvError
+
+        if FlakyMiniWoB.failed < FlakyMiniWoB.failures:
+            FlakyMiniWoB.failed += 1
+            raise EnvError(f"reset of {task.task_id} failed: Playwright connection closed")
+        return super().reset(task, task_seed)
+
+
+def test_a_reset_that_fails_is_retried_and_an_environment_that_cannot_start_stops_the_run(tmp_path, monkeypatch):
+    """A failed reset is no attempt of the policy: retried in a fresh page, and when the environment cannot start
+    the episode at all the run stops with one error, writes nothing for it, and --resume completes it."""
+    from halo_agent import envs
+    from halo_agent.rollout import run_rollouts
+    from halo_agent.rollout.episode import RESET_ATTEMPTS, ResetFailedError
+
+    monkeypatch.setitem(envs.ENVIRONMENTS, "miniwob", (__name__, "FlakyMiniWoB"))
+    lake = tmp_path / "lake"
+    monkeypatch.setattr(FlakyMiniWoB, "failures", RESET_ATTEMPTS - 1)
+    monkeypatch.setattr(FlakyMiniWoB, "failed", 0)
+    summary = run_rollouts(_config(lake, "r-flaky", tasks=["click-button"], rollouts_per_task=2))
+    assert (summary.status, summary.episodes_written, summary.env_errors) == ("finished", 2, 0)
+    assert FlakyMiniWoB.failed == RESET_ATTEMPTS - 1
+
+    monkeypatch.setattr(FlakyMiniWoB, "failures", 10 * RESET_ATTEMPTS)
+    monkeypatch.setattr(FlakyMiniWoB, "failed", 0)
+    with pytest.raises(ResetFailedError, match=f"could not start miniwob.click-button .* in {RESET_ATTEMPTS} attempts"):
+        run_rollouts(_config(lake, "r-down", tasks=["click-button"], rollouts_per_task=2))
+    assert _rows(lake, "select count(*) as n from episodes where run_id = 'r-down'") == [{"n": 0}]
+    assert _rows(lake, "select status from runs where run_id = 'r-down'") == [{"status": "failed"}]
+
+    monkeypatch.setattr(FlakyMiniWoB, "failures", 0)
+    resumed = run_rollouts(_config(lake, "r-down", tasks=["click-button"], rollouts_per_task=2, resume=True))
+    assert (resumed.status, resumed.episodes_written, resumed.env_errors) == ("finished", 2, 0)
+    assert _rows(lake, "select count(*) as n, count(error) as errors from episodes where run_id = 'r-down'") == [
+        {"n": 2, "errors": 0}]

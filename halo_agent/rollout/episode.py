@@ -5,6 +5,9 @@ episodes one after another. Each step becomes a ``halo_data.records.StepRecord``
 (raw reward components, their weights and the shaped reward); the episode an
 ``EpisodeRecord``. A failure of the environment, the policy or its API ends the
 episode with the error recorded on it; the runner stays usable for the next one.
+An environment that cannot start an episode (its reset fails ``RESET_ATTEMPTS``
+times) stops the run instead, writing nothing for that episode: no policy was
+tested on it (``ResetFailedError``).
 
 With ``candidates_per_state`` set, the samples the policy drew in each step's one
 call (``last_samples``) are, once the episode has ended, each executed from that
@@ -36,6 +39,17 @@ from halo_agent.rollout.config import EpisodeResult, EpisodeSpec, RolloutConfig
 from halo_agent.types import ModelCall, Observation, Policy, PolicyOutput, StepFeedback
 
 log = logging.getLogger(__name__)
+
+RESET_ATTEMPTS = 3  # a task's first page, tried this many times (each in a fresh page) before the run stops
+
+
+class ResetFailedError(RuntimeError):
+    """The environment could not start an episode: the run stops, writing nothing for it (``--resume`` runs it).
+
+    An episode whose first page never loaded has not tested the policy: were it written as a failed attempt, an
+    outage (a dead browser, a driver killed with its process group, a site down) would turn into failed
+    attempts of whatever policy was being evaluated, each run in milliseconds.
+    """
 
 
 def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool,
@@ -129,20 +143,16 @@ class EpisodeRunner:
         self._sent_screenshots: set[str] = set()
 
     def run(self, spec: EpisodeSpec) -> EpisodeResult:
-        ep = _Episode(spec, started=utc_now())
-        start = self._reset(ep)
-        if start is None:
-            ep.steps.append(self._error_step(ep))
-        else:
-            self.policy.reset(spec.policy_seed)
-            rewards = EpisodeRewards(self.rewards, spec.task.site, start_url=start.page.url, start_state=start.state,
-                                     task_share=task_share(start.page.extra))
-            at: _PageAt | None = start
-            for step_idx in range(self.max_steps):
-                at = self._step(ep, at, step_idx, rewards)
-                if at is None:
-                    break
-            self._conclude(ep)
+        ep, start = self._start(spec)
+        self.policy.reset(spec.policy_seed)
+        rewards = EpisodeRewards(self.rewards, spec.task.site, start_url=start.page.url, start_state=start.state,
+                                 task_share=task_share(start.page.extra))
+        at: _PageAt | None = start
+        for step_idx in range(self.max_steps):
+            at = self._step(ep, at, step_idx, rewards)
+            if at is None:
+                break
+        self._conclude(ep)
         self._sent_screenshots.update(ep.shots)
         episode = self._episode_record(ep)
         candidates = self._candidates(ep, episode)
@@ -190,6 +200,21 @@ class EpisodeRunner:
         if shot.hash not in self._sent_screenshots:
             shots.setdefault(shot.hash, shot)
         return shot.hash
+
+    def _start(self, spec: EpisodeSpec) -> tuple[_Episode, _PageAt]:
+        """The episode and its first page, the reset tried up to ``RESET_ATTEMPTS`` times (the environment opens a
+        fresh page, relaunching a dead browser, after a failed one); ResetFailedError when none succeeds."""
+        for attempt in range(1, RESET_ATTEMPTS + 1):
+            ep = _Episode(spec, started=utc_now())
+            start = self._reset(ep)
+            if start is not None:
+                return ep, start
+            log.warning("reset of %s (task seed %s) failed, attempt %d of %d: %s", spec.task.task_id, spec.task_seed,
+                        attempt, RESET_ATTEMPTS, ep.error)
+            time.sleep(0.2 * attempt)
+        raise ResetFailedError(f"the environment could not start {spec.task.task_id} (task seed {spec.task_seed}) in "
+                               f"{RESET_ATTEMPTS} attempts: {ep.error}. Nothing is written for it: fix the environment "
+                               "and complete the run with --resume")
 
     def _reset(self, ep: _Episode) -> _PageAt | None:
         """The task's first page, or None (the error recorded on ``ep``) when the environment fails."""
@@ -346,17 +371,6 @@ class EpisodeRunner:
             draw=out.draw,
             choices=out.choices,
             extra=extra,
-        )
-
-    def _error_step(self, ep: _Episode) -> StepRecord:
-        """The one step of an episode whose reset failed: the error, no action, no reward."""
-        return StepRecord(
-            step_idx=0,
-            action_valid=False,
-            action_error=ep.error,
-            env_ms=ep.reset_ms,
-            weights=self.rewards.weights,
-            cumulative_progress=0.0,
         )
 
     def _episode_record(self, ep: _Episode) -> EpisodeRecord:

@@ -378,6 +378,7 @@ class Runner:
     def run(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> None:
         if self.enforce:
             self.records.check(self.p)
+        self.drop_unstarted()
         arms = arms or list(self.p.arms)
         seeds = [s for s in self.p.training_seeds if seeds is None or s in seeds]
         for arm in arms:
@@ -394,6 +395,26 @@ class Runner:
             for arm in trained:
                 self._stage(self.train_stage(arm), seed, arm)
                 self._stage(self.run_trained_evals, seed, [arm])
+
+    def drop_unstarted(self) -> None:
+        """Episodes whose environment failed before the policy acted tested no policy: they are removed (and the
+        removal recorded) so that their cells resume and run them. HALO's rollouts stop rather than write such an
+        episode (``halo_agent.rollout.episode.ResetFailedError``); older versions wrote them as failed attempts."""
+        if self.dry_run or not (self.lake / "meta" / "info.json").exists():
+            return
+        from halo_data.lake import Lake
+        from halo_data.ops import drop_unstarted_episodes
+
+        lake = Lake.open(str(self.lake))
+        runs = [r["run_id"] for r in self.state.query("select distinct run_id from steps where error_kind = 'env'",
+                                                      views=False, tables=("steps",))]
+        for run_id in runs:
+            dropped = drop_unstarted_episodes(lake, run_id)
+            if dropped:
+                log.warning("%s: %d episodes whose environment failed before the policy acted removed; the cell "
+                            "resumes and runs them", run_id, len(dropped))
+                self.records.append({"stage": run_id, "run_id": run_id, "event": "dropped_unstarted",
+                                     "episodes": len(dropped), "episode_ids": dropped, "at": now()})
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict[str, Any]]:
