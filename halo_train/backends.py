@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-from pathlib import Path
 from typing import Any
 
-from halo_train.config import TrainConfig, TrainConfigError, resolve_base_model
+from halo_train.config import TrainConfig, TrainConfigError, base_model_path
+from halo_train.lora import lora_config, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +58,6 @@ def training_dtype():
     return torch.float32
 
 
-def lora_config(cfg: TrainConfig):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-def base_model_path(name: str) -> str:
-    """Local folders (a known model's converted one too) as absolute paths, so adapter_config.json points at the
-    base from anywhere."""
-    name = resolve_base_model(name, TrainConfigError)
-    p = Path(name).expanduser()
-    return str(p.resolve()) if p.exists() else name
-
-
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
@@ -119,7 +98,7 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
             f"--target-modules {', '.join(missing)} not found in {name}: choose among its linear layers, e.g. q_proj,v_proj"
         )
     if cfg.init_adapter:
-        model = _warm_start(model, cfg.init_adapter, scoring_dropout(cfg))
+        model = warm_start(model, cfg.init_adapter, scoring_dropout(cfg))
     else:
         model = get_peft_model(model, lora_config(cfg))
         log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
@@ -154,24 +133,6 @@ def disable_dropout(model) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-
-
-def _warm_start(model, adapter_dir: str, lora_dropout: float):
-    """``model`` with the adapter in ``adapter_dir`` attached and trainable: its saved weights, rank and targets, and
-    this job's ``lora_dropout`` (dropout is how a job trains, not part of what the adapter computes; a job that
-    takes importance ratios passes 0, :func:`scoring_dropout`)."""
-    from peft import PeftConfig, PeftModel
-
-    path = str(Path(adapter_dir).expanduser())
-    try:
-        config = PeftConfig.from_pretrained(path)
-        if hasattr(config, "lora_dropout"):
-            config.lora_dropout = float(lora_dropout)
-        model = PeftModel.from_pretrained(model, path, config=config, is_trainable=True)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise TrainConfigError(f"cannot load --init-adapter {adapter_dir}: {str(e).splitlines()[0]}") from None
-    log.info("warm start from adapter %s", adapter_dir)
-    return model
 
 
 def _load_vlm(cfg: TrainConfig, name: str, backend: str) -> LoadedModel:

@@ -80,6 +80,14 @@ def resolve_base_model(name: str, error: type[Exception]) -> str:
         raise error(str(e)) from None
 
 
+def base_model_path(name: str) -> str:
+    """Local folders (a known model's converted one too) as absolute paths, so adapter_config.json points at the
+    base from anywhere."""
+    name = resolve_base_model(name, TrainConfigError)
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
 def _looks_like_local_path(name: str) -> bool:
     # A hub id is "name" or "org/name"; anything else (absolute, relative with ./ or ../, ~, deeper) is a path.
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name

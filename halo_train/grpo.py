@@ -656,7 +656,7 @@ def train_grpo(cfg: GRPOConfig) -> TrainResult:
     """Train a LoRA adapter on the stored groups (grpo_groups, or state_groups with group_by "state"); returns where it is and how to serve it."""
     from halo_agent.vlm import is_vlm
     from halo_train import vlm
-    from halo_train.backends import base_model_path
+    from halo_train.config import base_model_path
 
     if cfg.tis_cap:
         raise TrainConfigError("--tis-cap weighs each row by the trainer's score before the update, which the persistent "

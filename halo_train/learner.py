@@ -122,7 +122,7 @@ class Learner:
         self.generator = torch.Generator().manual_seed(int(template.seed))
         self.vision = None
         from halo_agent.vlm import is_vlm
-        from halo_train.backends import base_model_path
+        from halo_train.config import base_model_path
 
         if is_vlm(base_model_path(template.base_model)):
             from halo_train.vlm import vlm_stats

@@ -20,7 +20,7 @@ def merge_adapter(adapter: str | os.PathLike[str], output: str | os.PathLike[str
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halo_train.backends import base_model_path
+    from halo_train.config import base_model_path
     from halo_train.trainer_utils import quiet_hub
 
     quiet_hub()

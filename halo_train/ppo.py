@@ -451,6 +451,7 @@ def train_ppo(cfg: PPOConfig):
 
     from halo_data.lake import Lake
     from halo_train import backends
+    from halo_train.config import base_model_path
     from halo_train.trainer_utils import TrainResult, eval_command, quiet_hub, read_stats, serve_command
 
     quiet_hub()
@@ -474,7 +475,7 @@ def train_ppo(cfg: PPOConfig):
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    base_model = backends.base_model_path(cfg.base_model)
+    base_model = base_model_path(cfg.base_model)
     _record(lake, cfg, state, base_model, "running", {})
     status = "failed"
     last: Path | None = Path(cfg.resume_from) if cfg.resume_from else None

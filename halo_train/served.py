@@ -283,7 +283,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
     import time
 
     from halo_data.writer import append_rows
-    from halo_train.backends import base_model_path
+    from halo_train.config import base_model_path
     from halo_train.learner import LearnerOptions, held_learner
     from halo_train.metrics import metric_rows, record_run
     from halo_train.trainer_utils import STATS_FILE

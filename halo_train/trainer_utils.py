@@ -210,6 +210,7 @@ class JobSpec:
 def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
     from halo_data.lake import Lake
     from halo_train import backends
+    from halo_train.config import base_model_path
     from halo_train.data import read_for
     from halo_train.metrics import LakeMetricsCallback, record_run
 
@@ -236,7 +237,7 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
             "raise --max-length or collect more episodes"
         )
     start_version = spec.start_version(cfg, read)
-    base_model = backends.base_model_path(cfg.base_model)
+    base_model = base_model_path(cfg.base_model)
     started_at = dt.datetime.fromisoformat(resumed["started_at"]) if resumed.get("started_at") else dt.datetime.now(dt.timezone.utc)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

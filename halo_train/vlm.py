@@ -87,9 +87,9 @@ def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
     targets = language_model_targets(model, cfg.target_modules)
     if cfg.init_adapter:
-        from halo_train.backends import _warm_start
+        from halo_train.lora import warm_start
 
-        model = _warm_start(model, cfg.init_adapter, cfg.lora_dropout)
+        model = warm_start(model, cfg.init_adapter, cfg.lora_dropout)
     else:
         # An explicit regex of full names: peft would otherwise also match the vision tower's
         # gate/up/down projections (Qwen2.5-VL, Qwen3-VL) by suffix.
@@ -449,7 +449,7 @@ def batch_encoder(cfg: TrainConfig, read, processor, rows: Sequence[dict[str, An
 def job_spec_for(cfg: TrainConfig, text_spec):
     """``text_spec`` for a text base model; the vision-language job for a Qwen-VL one."""
     from halo_agent.vlm import is_vlm
-    from halo_train.backends import base_model_path
+    from halo_train.config import base_model_path
 
     return vlm_job_spec(cfg) if is_vlm(base_model_path(cfg.base_model)) else text_spec
 
