@@ -175,30 +175,16 @@ def _forward_with_cache(model, **kwargs):
     return out, getattr(out, name, None) if name == "cache" else out.past_key_values
 
 
-def shared_prompt_token_logps(model, inputs):
-    """``behaviour_token_logps`` computing each distinct prompt once: rows of one state share its prompt's forward
-    pass (its key/value cache, repeated for each of them), and only their completions are run per row; logits
-    only where a completion token is predicted. The same values as the full forward within float rounding
-    (``tests/test_learner.py``), for a fraction of the work where a state's rows outnumber its prompts (GRPO's
-    groups, an anchor state's samples): an agent's prompt is long and its action short.
-
-    Rows that are not one prompt and one completion (``prompt_spans``) go through the full forward.
-    """
+def completion_logits(model, inputs, spans: list[tuple[int, int]]):
+    """Per distinct prompt of the batch: (its rows, its length, the logits (k, longest, V) predicting each row's
+    completion tokens). The prompt runs once, its key/value cache repeated for each of its rows, then only their
+    completions; no logits are computed for the prompt's own tokens."""
     import torch
-    import torch.nn.functional as F
 
-    from halo_train.behaviour import processed_token_logps
-
-    spans = prompt_spans(inputs)
-    if spans is None:
-        return behaviour_token_logps(model, inputs)
     ids = inputs["input_ids"]
-    width = ids.size(1) - 1
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, (start, _) in enumerate(spans):
         by_prompt.setdefault(tuple(ids[i, :start].tolist()), []).append(i)
-    allowed = inputs.get("allowed_token_ids")
-    rows: list = [None] * ids.size(0)
     for prompt, members in by_prompt.items():
         start, k = len(prompt), len(members)
         longest = max(spans[i][1] for i in members)
@@ -213,13 +199,57 @@ def shared_prompt_token_logps(model, inputs):
                                    inputs["attention_mask"][members, start : start + longest - 1]], dim=1)
             rest, _ = _forward_with_cache(model, input_ids=completion, attention_mask=attention, cache=cache, use_cache=True)
             logits = torch.cat([logits, rest.logits], dim=1)
+        yield members, start, longest, logits.float()
+
+
+def shared_prompt_token_logps(model, inputs):
+    """``behaviour_token_logps`` computing each distinct prompt once (``completion_logits``): rows of one state
+    share its prompt's forward pass, and only their completions are run per row. The same values as the full
+    forward within float rounding (``tests/test_learner.py``), for a fraction of the work where a state's rows
+    outnumber its prompts (GRPO's groups, an anchor state's samples): an agent's prompt is long and its action short.
+
+    Rows that are not one prompt and one completion (``prompt_spans``) go through the full forward.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from halo_train.behaviour import processed_token_logps
+
+    spans = prompt_spans(inputs)
+    if spans is None:
+        return behaviour_token_logps(model, inputs)
+    ids = inputs["input_ids"]
+    width = ids.size(1) - 1
+    allowed = inputs.get("allowed_token_ids")
+    rows: list = [None] * ids.size(0)
+    for members, start, longest, logits in completion_logits(model, inputs, spans):
         targets = ids[members, start : start + longest]
-        logps = processed_token_logps(logits.float(), targets, inputs["temperature"][members],
+        logps = processed_token_logps(logits, targets, inputs["temperature"][members],
                                       None if allowed is None else allowed[members, start - 1 : start - 1 + longest])
         for j, i in enumerate(members):
             length = spans[i][1]
             rows[i] = F.pad(logps[j, :length], (start - 1, width - (start - 1) - length))
     return torch.stack(rows), inputs["completion_mask"][:, 1:]
+
+
+def shared_prompt_logits(model, inputs):
+    """(B, T-1, V) next-token logits as ``model(...).logits[:, :-1]`` gives them at every completion position
+    (``completion_logits``: each distinct prompt run once), zeros elsewhere; None where a row is not one prompt
+    and one completion."""
+    import torch
+
+    spans = prompt_spans(inputs)
+    if spans is None:
+        return None
+    out = None
+    for members, start, longest, logits in completion_logits(model, inputs, spans):
+        if out is None:
+            out = torch.zeros(inputs["input_ids"].size(0), inputs["input_ids"].size(1) - 1, logits.size(-1),
+                              dtype=logits.dtype, device=logits.device)
+        for j, i in enumerate(members):
+            length = spans[i][1]
+            out[i, start - 1 : start - 1 + length] = logits[j, :length]
+    return out
 
 
 def batch_loss(model, inputs, grpo: GRPOConfig, clip_range: tuple[float, float], share_prompts: bool = False):

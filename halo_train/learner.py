@@ -354,16 +354,19 @@ class Learner:
         completion token was drawn from."""
         import torch
 
-        from halo_train.grpo_loss import _processed, approx_kl_terms
+        from halo_train.grpo_loss import _processed, approx_kl_terms, shared_prompt_logits
         from halo_train.vlm import model_inputs
 
         kl_sum = kl_tokens = entropy_sum = entropy_tokens = 0.0
         self.model.eval()
+        order = sorted(range(len(rows)), key=lambda i: self._pass_key(rows[i]))  # a state's rows in one pass
         try:
             with torch.no_grad():
-                for chunk in _chunks(list(range(len(rows))), self.options.batch_size):
+                for chunk in _chunks(order, self.options.batch_size):
                     batch = _to_device(collate([rows[i] for i in chunk]), self.model.device)
-                    logits = self.model(**model_inputs(batch)).logits[:, :-1].float()
+                    logits = shared_prompt_logits(self.model, batch) if self._shares_prompts(rows) else None
+                    if logits is None:
+                        logits = self.model(**model_inputs(batch)).logits[:, :-1].float()
                     mask = batch["completion_mask"][:, 1:].bool()
                     if "token_logprobs" in batch and "group_index" not in batch:
                         exact = batch["has_token_logprobs"].bool().unsqueeze(-1) & mask

@@ -178,6 +178,14 @@ def test_shared_prompts_give_the_full_forwards_loss_and_gradient_with_fewer_toke
         torch.testing.assert_close(g, full_grads[name], atol=1e-5, rtol=1e-3)
     assert stats["approx_kl"] == pytest.approx(full_stats["approx_kl"], abs=1e-5)
     assert tokens < full_tokens  # each distinct prompt once, then only the completions
+    # The measurement after an update (KL against the stored logprobs, entropy) is the same through shared prompts.
+    shared = learner.measure(rows, collate)
+    learner.options.share_prompts = False
+    full = learner.measure(rows, collate)
+    learner.options.share_prompts = True
+    assert shared["entropy"] > 0 and shared.keys() == full.keys()
+    for key, value in full.items():
+        assert shared[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     # The learner's passes keep a state's rows together: each minibatch holds whole states where they fit.
     order = learner._epoch_order(rows)
     assert sorted(order) == list(range(len(rows)))
