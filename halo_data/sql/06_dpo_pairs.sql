@@ -24,19 +24,7 @@ keyed_steps AS (
 
 -- variable halo_dpo_pairing = 'all': every ordered pair of differing outputs at a prompt (quadratic in its steps)
 all_pairs AS (
-    SELECT
-        'episodes' AS source,
-        c.run_id,
-        c.task_id,
-        c.prompt_hash,
-        c.completion AS chosen,
-        r.completion AS rejected,
-        c.episode_id AS chosen_episode_id,
-        c.step_idx AS chosen_step_idx,
-        r.episode_id AS rejected_episode_id,
-        r.step_idx AS rejected_step_idx,
-        c.percentile AS chosen_score,
-        r.percentile AS rejected_score
+    SELECT c, r
     FROM keyed_steps AS c
     JOIN keyed_steps AS r
         ON c.task_id = r.task_id
@@ -77,7 +65,7 @@ worst_two AS (
 ),
 
 best_chosen AS (
-    SELECT s.*, CASE WHEN s.completion = w.worst_output THEN w.runner_up_rank ELSE w.worst_rank END AS rival_rank
+    SELECT s AS c, CASE WHEN s.completion = w.worst_output THEN w.runner_up_rank ELSE w.worst_rank END AS rival_rank
     FROM keyed_steps AS s
     JOIN worst_two AS w
         ON s.task_id = w.task_id AND s.prompt_hash = w.prompt_hash AND s.pair_scope IS NOT DISTINCT FROM w.pair_scope
@@ -87,6 +75,22 @@ best_chosen AS (
 ),
 
 best_pairs AS (
+    SELECT b.c, r
+    FROM best_chosen AS b
+    JOIN keyed_steps AS r
+        ON b.c.task_id = r.task_id
+        AND b.c.prompt_hash = r.prompt_hash
+        AND b.c.pair_scope IS NOT DISTINCT FROM r.pair_scope
+        AND r.rank = b.rival_rank
+        AND b.c.completion <> r.completion
+    QUALIFY row_number() OVER (
+        PARTITION BY b.c.task_id, b.c.prompt_hash, b.c.pair_scope
+        ORDER BY r.episode_id, b.c.step_idx, r.step_idx
+    ) = 1
+),
+
+-- chosen step c, rejected step r (rows of keyed_steps)
+episode_pairs_by_key AS (
     SELECT
         'episodes' AS source,
         c.run_id,
@@ -100,23 +104,7 @@ best_pairs AS (
         r.step_idx AS rejected_step_idx,
         c.percentile AS chosen_score,
         r.percentile AS rejected_score
-    FROM best_chosen AS c
-    JOIN keyed_steps AS r
-        ON c.task_id = r.task_id
-        AND c.prompt_hash = r.prompt_hash
-        AND c.pair_scope IS NOT DISTINCT FROM r.pair_scope
-        AND r.rank = c.rival_rank
-        AND c.completion <> r.completion
-    QUALIFY row_number() OVER (
-        PARTITION BY c.task_id, c.prompt_hash, c.pair_scope
-        ORDER BY r.episode_id, c.step_idx, r.step_idx
-    ) = 1
-),
-
-episode_pairs_by_key AS (
-    SELECT * FROM all_pairs
-    UNION ALL
-    SELECT * FROM best_pairs
+    FROM (SELECT c, r FROM all_pairs UNION ALL SELECT c, r FROM best_pairs)
 ),
 
 episode_pairs AS (
