@@ -165,6 +165,31 @@ def _round(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _comparison(success: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
+    """Each policy's pooled success with its 95% Wilson interval, and the differences that say whether training
+    helped (the BC adapter against zero-shot, zero-shot against random) with Newcombe's 95% interval: on a few
+    dozen episodes most differences are within what chance gives, and the summary says so."""
+    from halo_data.stats import newcombe, wilson
+
+    pooled = {policy: (sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values()))
+              for policy, by_task in success.items()}
+    cells = []
+    for policy in ("bc", "zero-shot", "random"):
+        if pooled.get(policy, (0, 0))[1]:
+            ok, n = pooled[policy]
+            lo, hi = wilson(ok, n)
+            cells.append(f"{'BC adapter' if policy == 'bc' else policy} {100 * ok / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]")
+    lines = ["95% intervals        " + ", ".join(cells)]
+    for a, b in (("bc", "zero-shot"), ("zero-shot", "random")):
+        if not (pooled.get(a, (0, 0))[1] and pooled.get(b, (0, 0))[1]):
+            continue
+        d, lo, hi = newcombe(*pooled[a], *pooled[b])
+        verdict = (f"{'BC adapter' if a == 'bc' else a} is better" if lo > 0 else f"{'BC adapter' if a == 'bc' else a} is worse"
+                   if hi < 0 else f"{pooled[a][1] + pooled[b][1]} episodes cannot tell them apart")
+        lines.append(f"{'BC adapter' if a == 'bc' else a} - {b}: {100 * d:+.0f} points [{100 * lo:+.0f}, {100 * hi:+.0f}]: {verdict}")
+    return lines
+
+
 def _print_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary, echo: Callable[[str], None]) -> None:
     tasks = sorted({t for by_task in s.success.values() for t in by_task})
     width = max(len(t.removeprefix("miniwob.")) for t in tasks) if tasks else 4
@@ -178,6 +203,8 @@ def _print_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary, echo: 
             ok, n = by_task.get(task, (0, 0)) if task != "all" else (sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values()))
             cells.append(f"{ok}/{n}")
         echo(f"  {task.removeprefix('miniwob.'):<{width}}  {cells[0]:>10}  {cells[1]:>10}  {cells[2]:>10}")
+    for line in _comparison(s.success):
+        echo("  " + line)
     if "skipped" in s.bc:
         echo(f"  BC                   skipped: {s.bc['skipped']}")
     else:

@@ -91,3 +91,7 @@ def test_quickstart_with_a_model_trains_on_its_successes_and_evaluates_beside_ze
     table = lines[lines.index(next(line for line in lines if line.startswith("Summary"))) + 1:]
     assert table[0].split() == ["task", "BC", "adapter", "zero-shot", "random"]
     assert table[1].split()[0] == "click-test" and table[2].split()[0] == "all"
+    # The comparison says how sure it is: intervals on the pooled rates, and whether the differences are beyond chance.
+    assert table[3].startswith("  95% intervals") and "zero-shot" in table[3] and "random" in table[3]
+    difference = next(line for line in table if line.startswith("  zero-shot - random:"))
+    assert " points [" in difference and ("cannot tell them apart" in difference or " is " in difference)
