@@ -9,6 +9,8 @@ Token aggregation).
 
 from __future__ import annotations
 
+import functools
+
 from halo_train.config import GRPOConfig
 
 
@@ -163,12 +165,18 @@ def prompt_spans(inputs) -> list[tuple[int, int]] | None:
     return spans
 
 
-def _forward_with_cache(model, **kwargs):
-    """``model(...)`` with a KV cache in and out, under either name transformers has given it ("cache" since 5)."""
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The name a model class's forward takes its KV cache under: "cache" since transformers 5, else
+    "past_key_values"."""
     import inspect
 
-    forward = getattr(model, "get_base_model", lambda: model)().forward
-    name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def _forward_with_cache(model, **kwargs):
+    """``model(...)`` with a KV cache in and out, under the name its transformers version gives it."""
+    name = _cache_argument(type(getattr(model, "get_base_model", lambda: model)()))
     if "cache" in kwargs:
         kwargs[name] = kwargs.pop("cache")
     out = model(**kwargs)

@@ -187,17 +187,18 @@ class Learner:
         self.model.train()
         step_log: list[dict[str, float]] = []
         trained: set[int] = set()
+        prompts = [_prompt_ids(row) for row in rows] if self._shares_prompts(rows) else None
         t0 = time.perf_counter()
         for _ in range(opts.epochs_per_update):
             if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                 break
-            for minibatch in _chunks(self._epoch_order(rows), opts.mini_batch_size):
+            for minibatch in _chunks(self._epoch_order(rows, prompts), opts.mini_batch_size):
                 if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                     break
                 self.optimizer.zero_grad(set_to_none=True)
                 trained.update(minibatch)
                 sums: dict[str, float] = {}
-                for micro in _chunks(sorted(minibatch, key=lambda i: self._pass_key(rows[i])), opts.batch_size):
+                for micro in _chunks(_pass_order(minibatch, rows, prompts), opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
                     loss, stats = loss_of(batch)
                     share = len(micro) / len(minibatch)  # the minibatch's loss is the mean of its rows'
@@ -239,17 +240,17 @@ class Learner:
         }
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
 
-    def _epoch_order(self, rows: list[dict[str, Any]]) -> list[int]:
-        """One pass's row order, drawn from the learner's generator: the rows shuffled or, when prompts are shared,
-        the states shuffled with their rows together (a group's rows fill minibatches together, as verl counts
-        its minibatches in prompts), so that each state's prompt is run once per minibatch."""
+    def _epoch_order(self, rows: list[dict[str, Any]], prompts: list[tuple[int, ...]] | None) -> list[int]:
+        """One pass's row order, drawn from the learner's generator: the rows shuffled or, when prompts are shared
+        (``prompts``: each row's), the states shuffled with their rows together (a group's rows fill minibatches
+        together, as verl counts its minibatches in prompts), so that each state's prompt is run once per minibatch."""
         import torch
 
-        if not self._shares_prompts(rows):
+        if prompts is None:
             return torch.randperm(len(rows), generator=self.generator).tolist()
         states: dict[tuple[int, ...], list[int]] = {}
-        for i, row in enumerate(rows):
-            states.setdefault(_prompt_ids(row), []).append(i)
+        for i, prompt in enumerate(prompts):
+            states.setdefault(prompt, []).append(i)
         groups = list(states.values())
         order = []
         for g in torch.randperm(len(groups), generator=self.generator).tolist():
@@ -260,14 +261,6 @@ class Learner:
     def _shares_prompts(self, rows: list[dict[str, Any]]) -> bool:
         return self.options.share_prompts and self.vision is None and bool(rows) and "completion_mask" in rows[0] \
             and not isinstance(rows[0].get("advantage"), list)
-
-    def _pass_key(self, row: dict[str, Any]):
-        """How a minibatch's rows are ordered into forward passes: by prompt where prompts are shared (a state's
-        rows in one pass), else by length (the same gradient with less padding)."""
-        if self._shares_prompts([row]):
-            prompt = _prompt_ids(row)
-            return (len(prompt), prompt)
-        return (_length(row), ())
 
     def _grpo_rows(self, cfg: GRPOConfig):
         """GRPO's training items (``halo_train.grpo``), their collator and loss; the lineage read; the figures."""
@@ -359,12 +352,13 @@ class Learner:
 
         kl_sum = kl_tokens = entropy_sum = entropy_tokens = 0.0
         self.model.eval()
-        order = sorted(range(len(rows)), key=lambda i: self._pass_key(rows[i]))  # a state's rows in one pass
+        share = self._shares_prompts(rows)
+        order = _pass_order(range(len(rows)), rows, [_prompt_ids(row) for row in rows] if share else None)
         try:
             with torch.no_grad():
                 for chunk in _chunks(order, self.options.batch_size):
                     batch = _to_device(collate([rows[i] for i in chunk]), self.model.device)
-                    logits = shared_prompt_logits(self.model, batch) if self._shares_prompts(rows) else None
+                    logits = shared_prompt_logits(self.model, batch) if share else None
                     if logits is None:
                         logits = self.model(**model_inputs(batch)).logits[:, :-1].float()
                     mask = batch["completion_mask"][:, 1:].bool()
@@ -418,6 +412,14 @@ def _length(row: dict[str, Any]) -> int:
     """A training item's tokens (a choice group's: all its candidates')."""
     ids = row.get("input_ids") or row.get("chosen", {}).get("input_ids") or []
     return sum(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def _pass_order(indices, rows: list[dict[str, Any]], prompts: list[tuple[int, ...]] | None) -> list[int]:
+    """How rows are ordered into forward passes: by prompt where prompts are shared (a state's rows in one pass),
+    else by length (the same gradient with less padding)."""
+    if prompts is None:
+        return sorted(indices, key=lambda i: _length(rows[i]))
+    return sorted(indices, key=lambda i: (len(prompts[i]), prompts[i]))
 
 
 def _prompt_ids(row: dict[str, Any]) -> tuple[int, ...]:

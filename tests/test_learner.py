@@ -187,7 +187,7 @@ def test_shared_prompts_give_the_full_forwards_loss_and_gradient_with_fewer_toke
     for key, value in full.items():
         assert shared[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     # The learner's passes keep a state's rows together: each minibatch holds whole states where they fit.
-    order = learner._epoch_order(rows)
+    order = learner._epoch_order(rows, [_prompt_ids(r) for r in rows])
     assert sorted(order) == list(range(len(rows)))
     keys = [_prompt_ids(rows[i]) for i in order]
     assert sum(a != b for a, b in zip(keys, keys[1:])) == len(prompts) - 1
