@@ -237,28 +237,29 @@ def quarantine(lake: Lake, run_id: str) -> dict[str, Any]:
 
 UNSTARTED_EPISODES_SQL = """
     select run_id, episode_id from steps
-    where run_id = $r
+    where episode_id in (select episode_id from steps where error_kind = 'env')
     group by run_id, episode_id
     having bool_and(model_output is null and action is null) and bool_or(error_kind = 'env')
+    order by run_id, episode_id
 """
 
 
-def drop_unstarted_episodes(lake: Lake, run_id: str) -> list[str]:
-    """Delete a run's episodes whose environment failed before the policy acted (an env error, no model output
-    and no action on any step), which older HALO versions wrote as failed attempts; returns their episode ids.
+def drop_unstarted_episodes(lake: Lake) -> dict[str, list[str]]:
+    """Delete the episodes whose environment failed before the policy acted (an env error, no model output and no
+    action on any step), which older HALO versions wrote as failed attempts; returns their episode ids per run.
     They tested no policy, so ``--resume`` runs them as if never run. Recoverable with ``--as-of`` until vacuumed."""
     from deltalake import CommitProperties
 
     lake.check_writable()
-    episodes = [r["episode_id"] for r in lake.query_arrow(UNSTARTED_EPISODES_SQL, {"r": run_id}, views=False,
-                                                          tables=("steps",)).to_pylist()]
-    if not episodes:
-        return []
-    listed = ", ".join("'" + e.replace("'", "''") + "'" for e in episodes)
-    for name in ("steps", "candidates"):
-        lake.table(name).delete(predicate=f"run_id = '{run_id}' AND episode_id IN ({listed})",
-                                commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
-    return episodes
+    by_run: dict[str, list[str]] = {}
+    for r in lake.query_arrow(UNSTARTED_EPISODES_SQL, views=False, tables=("steps",)).to_pylist():
+        by_run.setdefault(r["run_id"], []).append(r["episode_id"])
+    for run_id, episodes in by_run.items():
+        listed = ", ".join("'" + e.replace("'", "''") + "'" for e in episodes)
+        for name in ("steps", "candidates"):
+            lake.table(name).delete(predicate=f"run_id = '{run_id}' AND episode_id IN ({listed})",
+                                    commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES))
+    return by_run
 
 
 # ---------------------------------------------------------------------- export

@@ -400,21 +400,16 @@ class Runner:
         """Episodes whose environment failed before the policy acted tested no policy: they are removed (and the
         removal recorded) so that their cells resume and run them. HALO's rollouts stop rather than write such an
         episode (``halo_agent.rollout.episode.ResetFailedError``); older versions wrote them as failed attempts."""
-        if self.dry_run or not (self.lake / "meta" / "info.json").exists():
+        lake = None if self.dry_run else self.state.open()
+        if lake is None:
             return
-        from halo_data.lake import Lake
         from halo_data.ops import drop_unstarted_episodes
 
-        lake = Lake.open(str(self.lake))
-        runs = [r["run_id"] for r in self.state.query("select distinct run_id from steps where error_kind = 'env'",
-                                                      views=False, tables=("steps",))]
-        for run_id in runs:
-            dropped = drop_unstarted_episodes(lake, run_id)
-            if dropped:
-                log.warning("%s: %d episodes whose environment failed before the policy acted removed; the cell "
-                            "resumes and runs them", run_id, len(dropped))
-                self.records.append({"stage": run_id, "run_id": run_id, "event": "dropped_unstarted",
-                                     "episodes": len(dropped), "episode_ids": dropped, "at": now()})
+        for run_id, dropped in drop_unstarted_episodes(lake).items():
+            log.warning("%s: %d episodes whose environment failed before the policy acted removed; the cell "
+                        "resumes and runs them", run_id, len(dropped))
+            self.records.append({"stage": run_id, "run_id": run_id, "event": "dropped_unstarted",
+                                 "episodes": len(dropped), "episode_ids": dropped, "at": now()})
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict[str, Any]]:

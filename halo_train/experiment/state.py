@@ -16,7 +16,8 @@ class LakeState:
     def __init__(self, lake: str | Path):
         self.path = Path(lake)
 
-    def _lake(self):
+    def open(self):
+        """The lake, or None where it is not created yet."""
         from halo_data.lake import Lake
 
         if not (self.path / "meta" / "info.json").exists():
@@ -24,7 +25,7 @@ class LakeState:
         return Lake.open(str(self.path))
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None, **kw: Any) -> list[dict[str, Any]]:
-        lake = self._lake()
+        lake = self.open()
         return [] if lake is None else lake.query_arrow(sql, parameters or {}, **kw).to_pylist()
 
     def episodes(self, run_id: str) -> int:
