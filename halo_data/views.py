@@ -62,7 +62,9 @@ def get_view(name: str) -> View:
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Queries about the catalog itself see every view.
-_CATALOG = re.compile(r"\b(show|information_schema|duckdb_views|duckdb_tables|pragma_table_info)\b", re.IGNORECASE)
+# A query of the catalog (SHOW, information_schema, DuckDB's duckdb_*() functions): it sees every table and view.
+_CATALOG = re.compile(r"\b(show|information_schema|duckdb_views|duckdb_tables|pragma_table_info)\b|\bduckdb_\w+\s*\(",
+                      re.IGNORECASE)
 
 
 def _mentioned(sql: str) -> set[str]:
