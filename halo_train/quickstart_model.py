@@ -165,28 +165,34 @@ def _round(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _pooled(by_task: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """Successes and episodes over every task."""
+    return sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values())
+
+
 def _comparison(success: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
     """Each policy's pooled success with its 95% Wilson interval, and the differences that say whether training
     helped (the BC adapter against zero-shot, zero-shot against random) with Newcombe's 95% interval: on a few
     dozen episodes most differences are within what chance gives, and the summary says so."""
     from halo_data.stats import newcombe, wilson
 
-    pooled = {policy: (sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values()))
-              for policy, by_task in success.items()}
+    pooled = {policy: _pooled(by_task) for policy, by_task in success.items() if _pooled(by_task)[1]}
+    label = {"bc": "BC adapter"}
     cells = []
     for policy in ("bc", "zero-shot", "random"):
-        if pooled.get(policy, (0, 0))[1]:
+        if policy in pooled:
             ok, n = pooled[policy]
             lo, hi = wilson(ok, n)
-            cells.append(f"{'BC adapter' if policy == 'bc' else policy} {100 * ok / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]")
+            cells.append(f"{label.get(policy, policy)} {100 * ok / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]")
     lines = ["95% intervals        " + ", ".join(cells)]
     for a, b in (("bc", "zero-shot"), ("zero-shot", "random")):
-        if not (pooled.get(a, (0, 0))[1] and pooled.get(b, (0, 0))[1]):
+        if a not in pooled or b not in pooled:
             continue
         d, lo, hi = newcombe(*pooled[a], *pooled[b])
-        verdict = (f"{'BC adapter' if a == 'bc' else a} is better" if lo > 0 else f"{'BC adapter' if a == 'bc' else a} is worse"
-                   if hi < 0 else f"{pooled[a][1] + pooled[b][1]} episodes cannot tell them apart")
-        lines.append(f"{'BC adapter' if a == 'bc' else a} - {b}: {100 * d:+.0f} points [{100 * lo:+.0f}, {100 * hi:+.0f}]: {verdict}")
+        name = label.get(a, a)
+        verdict = (f"{name} is better" if lo > 0 else f"{name} is worse" if hi < 0
+                   else f"{pooled[a][1] + pooled[b][1]} episodes cannot tell them apart")
+        lines.append(f"{name} - {b}: {100 * d:+.0f} points [{100 * lo:+.0f}, {100 * hi:+.0f}]: {verdict}")
     return lines
 
 
@@ -200,7 +206,7 @@ def _print_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary, echo: 
         cells = []
         for policy in ("bc", "zero-shot", "random"):
             by_task = s.success.get(policy, {})
-            ok, n = by_task.get(task, (0, 0)) if task != "all" else (sum(v[0] for v in by_task.values()), sum(v[1] for v in by_task.values()))
+            ok, n = by_task.get(task, (0, 0)) if task != "all" else _pooled(by_task)
             cells.append(f"{ok}/{n}")
         echo(f"  {task.removeprefix('miniwob.'):<{width}}  {cells[0]:>10}  {cells[1]:>10}  {cells[2]:>10}")
     for line in _comparison(s.success):

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import pathlib
 
+from bench.online_learner import _mean
 from bench.reports import load_runs, provenance, table
 
 
 def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
-
-
-def _mean(values: list) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
 
 
 def report(results_dir: pathlib.Path) -> str:
