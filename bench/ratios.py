@@ -7,7 +7,7 @@
 Each engine answers the same prompts (a page of buttons and links, rendered by ``halo_data.prompts``) through the
 policy HALO collects with (``openai`` against a server, ``hf`` in process): plain sampling and greedy, and, on a
 server, guided choices among the page's actions (``structured_outputs.choice``) at a temperature and greedy. Every
-stored row is then scored as ``halo-train grpo`` scores it (``halo_train.grpo.behaviour_token_logps``: the stored
+stored row is then scored as ``halo-train grpo`` scores it (``halo_train.grpo_loss.behaviour_token_logps``: the stored
 ids under the distribution the row names) by the base model in eval mode, in float32 and, on a GPU, in the
 training dtype (bf16). Per draw: tokens, max / p99 / median |ratio - 1| per token, the sequence log-ratios, and
 ``halo_train.behaviour.truncated_importance_weight``'s gap statistics (the share of tokens a cap of 2 would

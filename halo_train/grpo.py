@@ -125,10 +125,7 @@ from typing import Any, Mapping, Sequence
 
 from halo_train.config import GRPOConfig, TrainConfigError
 from halo_train.data import NoTrainingSignalError, chat_text, prompt_messages, to_dataset
-from halo_train.grpo_loss import (  # noqa: F401  (the loss, long imported from here)
-    _kl_to_reference, _processed, approx_kl_terms, batch_loss, behaviour_token_logps, choice_softmax_loss, clip_range,
-    grpo_loss,
-)
+from halo_train.grpo_loss import batch_loss, behaviour_token_logps, clip_range
 from halo_train.trainer_utils import JobSpec, TrainResult, common_training_args, run_job
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ after an optional linear warm-up), the random generators and the step count. Eac
    (``halo_train.grpo_loss.shared_prompt_token_logps``). An agent's prompt is hundreds of tokens and its action
    a few, and a GRPO group's rows (an anchor state's samples) share their prompt: the same loss and gradient
    for a fraction of the work.
-3. Loss. GRPO's clipped surrogate against the stored logprobs (``halo_train.grpo.batch_loss``, the loss the
+3. Loss. GRPO's clipped surrogate against the stored logprobs (``halo_train.grpo_loss.batch_loss``, the loss the
    ``halo-train grpo`` job computes), gradient norm clipped to ``max_grad_norm``.
 4. What the update did (returned, and recorded per iteration by the loop): rows trained, optimizer steps,
    the mean loss and clip fraction, the adapter's displacement from the base model and from the version before
@@ -265,7 +265,8 @@ class Learner:
     def _grpo_rows(self, cfg: GRPOConfig):
         """GRPO's training items (``halo_train.grpo``), their collator and loss; the lineage read; the figures."""
         from halo_train.data import NoTrainingSignalError, read_for
-        from halo_train.grpo import GRPOCollator, batch_loss, clip_range, members_sql, training_rows
+        from halo_train.grpo import GRPOCollator, members_sql, training_rows
+        from halo_train.grpo_loss import batch_loss, clip_range
 
         read = read_for(cfg, sql=members_sql(cfg.group_by, self.vision is not None))
         dataset, dropped, extra, encoder = training_rows(cfg, read, self.tokenizer, self.vision)

@@ -109,7 +109,8 @@ def test_truncated_importance_sampling_takes_ratios_against_the_trainer_and_caps
     import math
 
     from halo_data import prompts
-    from halo_train.grpo import GRPOCollator, _processed, batch_loss, clip_range, tokenize_member
+    from halo_train.grpo import GRPOCollator, tokenize_member
+    from halo_train.grpo_loss import _processed, batch_loss, clip_range
 
     cfg, options = setup
     learner = Learner.start(cfg, options)

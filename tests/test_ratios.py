@@ -73,7 +73,8 @@ def row_of(sample, messages, temperature: float) -> dict:
 
 def worst_ratio(model, tokenizer, rows: list[dict]) -> float:
     """max |ratio - 1| over the rows' completion tokens: the GRPO trainer's token-level ratio before any update."""
-    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
+    from halo_train.grpo import pad_members, tokenize_member
+    from halo_train.grpo_loss import behaviour_token_logps
 
     encoded = [tokenize_member(tokenizer, r["prompt"], r["completion"], 256, r) for r in rows]
     batch = pad_members(encoded, tokenizer.pad_token_id)

@@ -82,7 +82,8 @@ def test_a_rollout_with_the_model_by_name_lands_token_exact_steps(server, tmp_pa
     from halo_agent.models import resolve_model
     from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_data.lake import Lake
-    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
+    from halo_train.grpo import pad_members, tokenize_member
+    from halo_train.grpo_loss import behaviour_token_logps
 
     lake = str(tmp_path / "lake")
     run_rollouts(RolloutConfig(

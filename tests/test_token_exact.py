@@ -142,7 +142,8 @@ def _rollout(server, lake: str, run_id: str, constrain: bool, candidates: int = 
 
 def _ratios(model, tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """The GRPO trainer's token-level ratios over each row's completion tokens, and its old sequence ratios."""
-    from halo_train.grpo import behaviour_token_logps, pad_members, tokenize_member
+    from halo_train.grpo import pad_members, tokenize_member
+    from halo_train.grpo_loss import behaviour_token_logps
 
     exact = [tokenize_member(tokenizer, r["prompt"], r["completion"], 256, r) for r in rows]
     batch = pad_members(exact, tokenizer.pad_token_id)

@@ -10,7 +10,8 @@ import torch
 from halo_data.lake import Lake
 from halo_train.config import TrainConfigError
 from halo_train.data import read_view
-from halo_train.grpo import MEMBERS_SQL, grpo_loss, parse_policy_version, sample_std, training_members
+from halo_train.grpo import MEMBERS_SQL, parse_policy_version, sample_std, training_members
+from halo_train.grpo_loss import grpo_loss
 from halo_train.testing import write_fixture_episodes
 
 
@@ -154,7 +155,7 @@ def test_importance_ratio_is_clipped_against_the_behaviour_policy():
 
 
 def test_the_choice_softmax_loss_is_the_policy_gradient_of_each_states_choice_distribution():
-    from halo_train.grpo import choice_softmax_loss
+    from halo_train.grpo_loss import choice_softmax_loss
 
     # Two states: [right, wrong, textbox] and [right, other]; sequence log-probs as the model gives them
     # (most of the raw mass lies outside the page's choices: they sum to far below 1).
