@@ -160,8 +160,9 @@ def check_engine(engine: str) -> None:
         raise ServeError(f"--engine vllm cannot run here: {why}; use --engine chat (HALO's chat server on CPU)")
 
 
-def engine_process(spec: ServeSpec) -> tuple[str, list[str], dict[str, str]]:
-    """The engine chosen, its command line and its environment."""
+def engine_process(spec: ServeSpec, parent_pid: int | None = None) -> tuple[str, list[str], dict[str, str]]:
+    """The engine chosen, its command line and its environment; with ``parent_pid``, HALO's chat server stops once
+    that process has ended."""
     engine = pick_engine(spec.engine)
     if engine == "vllm":
         return engine, vllm_command(spec), {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -169,7 +170,7 @@ def engine_process(spec: ServeSpec) -> tuple[str, list[str], dict[str, str]]:
         raise ServeError(f"HALO's chat server listens on 127.0.0.1 only, not {spec.host}: serve other machines with vLLM")
     if spec.extra_args:
         raise ServeError("extra engine arguments are for vllm serve; HALO's chat server takes none")
-    return engine, chat_server_command(spec.base_model, spec.adapters, spec.port), dict(os.environ)
+    return engine, chat_server_command(spec.base_model, spec.adapters, spec.port, parent_pid=parent_pid), dict(os.environ)
 
 
 # ------------------------------------------------------------------------------ process identity
@@ -233,9 +234,10 @@ def start(spec: ServeSpec, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR
     return {**state, "models": names}
 
 
-def _launch(spec: ServeSpec, log_path: Path) -> tuple[subprocess.Popen, dict]:
-    """Start the engine ``spec`` picks in its own process group, its output in ``log_path``; the process and its state."""
-    engine, command, env = engine_process(spec)
+def _launch(spec: ServeSpec, log_path: Path, tied: bool = False) -> tuple[subprocess.Popen, dict]:
+    """Start the engine ``spec`` picks in its own process group, its output in ``log_path``; the process and its state.
+    ``tied``: the chat server ends with this process, even one killed with -9."""
+    engine, command, env = engine_process(spec, parent_pid=os.getpid() if tied else None)
     check_engine(engine)
     if engine == "vllm":
         command = [vllm_executable() or command[0], *command[1:]]
@@ -274,8 +276,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 @contextlib.contextmanager
 def running(spec: ServeSpec, log_path: Path, wait: float = 600.0) -> Iterator[dict]:
     """The engine for the length of a ``with`` block: started in its own process group, waited for until it
-    serves, and that process group ended at the end (SIGTERM, then SIGKILL), whatever ends the block."""
-    proc, state = _launch(spec, Path(log_path))
+    serves, and that process group ended at the end (SIGTERM, then SIGKILL), whatever ends the block. A process
+    killed with -9 runs no ``finally``: HALO's chat server then stops by itself once its parent is gone; a vLLM
+    engine is left to ``kill`` by the pid its log and the caller's record name."""
+    proc, state = _launch(spec, Path(log_path), tied=True)
     try:
         _wait_serving(proc, state, wait)
         yield state

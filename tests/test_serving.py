@@ -199,17 +199,29 @@ def test_unreachable_engine_is_one_clear_error():
             engine.load_adapter("v", "/adapters/v")
 
 
-PARENT = """
+PARENTS = {
+    # the online loop's server, in a session of its own as `halo-train serve` starts it
+    "online loop": """
 import os, signal, subprocess, sys, time
 from halo_train.serve import chat_server_command
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a job started in the background: the server inherits it
-# In a session of its own, as `halo-train serve` starts it.
 server = subprocess.Popen(chat_server_command(sys.argv[1], {}, 0, parent_pid=os.getpid()), stdout=subprocess.PIPE, text=True,
                           start_new_session=True)
 line = server.stdout.readline()
 print(server.pid if " at " in line else f"no server: {line!r}", flush=True)
 time.sleep(600)
-"""
+""",
+    # the engine `halo-train experiment run` serves its cells with, for the length of a with block
+    "experiment runner": """
+import signal, sys, tempfile, time
+from pathlib import Path
+from halo_train.serve import ServeSpec, free_port, running
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+with running(ServeSpec(sys.argv[1], {}, port=free_port(), engine="chat"), Path(tempfile.mkdtemp()) / "engine.log") as state:
+    print(state["pid"], flush=True)
+    time.sleep(600)
+""",
+}
 
 
 def _running(pid: int) -> bool:
@@ -231,8 +243,10 @@ def _autogroups() -> bool:
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads process states from /proc")
-def test_the_loops_chat_server_stops_when_its_parent_is_killed(models):
-    """The online loop starts the chat server with --parent-pid: a loop killed with -9 leaves no server behind.
+@pytest.mark.parametrize("started_by", sorted(PARENTS))
+def test_the_chat_server_stops_when_the_process_that_started_it_is_killed(models, started_by):
+    """The online loop and the experiment runner start the chat server with --parent-pid: one killed with -9
+    leaves no server behind.
     Started by a niced parent in a session of its own, the server keeps that niceness for its session's
     scheduling group (where the kernel groups by session), so a background job's server stays in the background."""
     import os
@@ -242,7 +256,7 @@ def test_the_loops_chat_server_stops_when_its_parent_is_killed(models):
     import time
 
     base, _ = models
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(base)], stdout=subprocess.PIPE, text=True,
+    parent = subprocess.Popen([sys.executable, "-c", PARENTS[started_by], str(base)], stdout=subprocess.PIPE, text=True,
                               preexec_fn=lambda: os.nice(7))
     line = parent.stdout.readline().strip()
     assert line.isdigit(), line
