@@ -202,26 +202,44 @@ class MotoS3:
         self._call("reset-recording")
         self._call("start-recording")
 
-    def requests(self, run_id: str) -> dict[str, int]:
-        """Since ``record()``: GET and HEAD requests of data files (this run's, other runs', tables without a run
-        partition) and of Delta logs."""
+    def requests(self, run_id: str, lake) -> dict[str, int]:
+        """Since ``record()``: GET and HEAD requests of data files, classed by the run_id statistics (or partition)
+        the Delta log gives each file: this run's alone, shared with other runs (compacted), other runs' alone,
+        files of no run (a table without run_id); and of Delta logs."""
         import urllib.parse
 
+        import pyarrow as pa
+
+        from halo_data import schema as S
+
         self._call("stop-recording")
-        counts = {"run_data": 0, "other_runs_data": 0, "unpartitioned_data": 0, "log": 0, "other": 0}
+        runs_of_file: dict[str, set] = {}
+        for name, spec in S.TABLES.items():
+            if "run_id" not in spec.column_names:
+                continue
+            actions = pa.table(lake.table(name).get_add_actions(flatten=True))
+            cols = set(actions.column_names)
+            for a in actions.to_pylist():
+                held = {a["partition.run_id"]} if "partition.run_id" in cols else \
+                    {a.get("min.run_id"), a.get("max.run_id")} if {"min.run_id", "max.run_id"} <= cols else {None}
+                runs_of_file[a["path"].rsplit("/", 1)[-1]] = held
+        counts = {"run_data": 0, "shared_data": 0, "other_runs_data": 0, "unpartitioned_data": 0, "log": 0, "other": 0}
         for line in self.recording.read_text().splitlines():
             entry = json.loads(line)
             if entry["method"] not in ("GET", "HEAD"):
                 continue
             path = urllib.parse.unquote(urllib.parse.urlparse(entry["url"]).path)
+            held = runs_of_file.get(path.rsplit("/", 1)[-1])
             if "/_delta_log/" in path:
                 counts["log"] += 1
             elif not path.endswith(".parquet"):
                 counts["other"] += 1
-            elif "/run_id=" not in path:
+            elif held is None:
                 counts["unpartitioned_data"] += 1
-            elif f"/run_id={run_id}/" in path:
+            elif held == {run_id}:
                 counts["run_data"] += 1
+            elif None in held or min(held) <= run_id <= max(held):
+                counts["shared_data"] += 1
             else:
                 counts["other_runs_data"] += 1
         return counts
@@ -262,7 +280,7 @@ def measure_size(lake_root: str, size: int, generator, iteration: int, args, log
         s3.record()
     res["reads"] = child(["reads", lake_root, run_id, str(args.repeats)])
     if s3 is not None:
-        res["reads"]["requests"] = s3.requests(run_id)
+        res["reads"]["requests"] = s3.requests(run_id, lake)
     log(f"[{label(size)}] query cold start")
     cold, cold_cpu = [], []
     for _ in range(args.repeats + 2):

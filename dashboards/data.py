@@ -22,7 +22,6 @@ from typing import Any, Mapping
 
 import duckdb
 import pandas as pd
-import pyarrow as pa
 import streamlit as st
 
 from halo_data.config import ViewParams
@@ -97,13 +96,11 @@ def _query_df(root: str, versions: tuple[tuple[str, int], ...], sql: str, params
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _steps_by_run(root: str, versions: tuple[tuple[str, int], ...]) -> pd.DataFrame:
-    """Rows and files of ``steps`` per run, from the snapshot's log (file statistics): no data file is opened."""
-    actions = pa.table(Lake.open(root).table("steps", dict(versions)["steps"]).get_add_actions(flatten=True))
-    if not actions.num_rows:
-        return pd.DataFrame({"run_id": pd.Series(dtype=str), "steps": pd.Series(dtype="int64"), "files": pd.Series(dtype="int64")})
-    frame = pd.DataFrame({"run_id": actions.column("partition.run_id").to_pylist(),
-                          "steps": [n or 0 for n in actions.column("num_records").to_pylist()]})
-    return frame.groupby("run_id", as_index=False).agg(steps=("steps", "sum"), files=("steps", "size"))
+    """Rows and files of ``steps`` per run, from the snapshot's log (file statistics); only files that hold several
+    runs (compacted) are opened, for their run_id column alone."""
+    from halo_data.ops import steps_per_run
+
+    return steps_per_run(Lake.open(root), dict(versions)["steps"]).to_pandas()
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

@@ -278,6 +278,23 @@ def compact(lake_path: str, target_size: int | None) -> None:
 
 @main.command()
 @LAKE_OPTION
+@run_cli
+def upgrade(lake_path: str) -> None:
+    """Rewrite an older lake in this HALO's format (one commit per table; older snapshots stay readable until vacuum)."""
+    from halo_data.ops import upgrade as do_upgrade
+
+    report = do_upgrade(Lake.open(lake_path))
+    before, after = report["format_version"]
+    parts = [f"{t}: partitioned by {', '.join(m['partition_by'][1]) or 'nothing'} ({m['files'][0]} -> {m['files'][1]} files)"
+             for t, m in report["tables"].items()]
+    if before == after and not parts:
+        click.echo(f"lake {lake_path} is already in format version {after}: nothing to rewrite")
+    else:
+        click.echo(f"format version {before} -> {after}" + ("; " + "; ".join(parts) if parts else ""))
+
+
+@main.command()
+@LAKE_OPTION
 @click.option("--retention-hours", type=int, default=168, show_default=True)
 @click.option("--dry-run", is_flag=True)
 @run_cli

@@ -48,6 +48,12 @@ LONG_TEXT_COLUMNS = {
 }
 
 
+# Compaction packs many runs into one file of a table partitioned by env; a run-scoped read then skips the row
+# groups whose run_id statistics exclude its runs, so row groups stay a fraction of a file (parquet-rs's default
+# is 1M rows: a whole compacted file read for one run).
+RUN_ROW_GROUP_ROWS = 16384
+
+
 def writer_properties(table: str | None = None):
     """Parquet settings of the files HALO writes to ``table``.
 
@@ -71,6 +77,7 @@ def writer_properties(table: str | None = None):
         return WriterProperties(
             compression="ZSTD",
             compression_level=3,
+            max_row_group_size=RUN_ROW_GROUP_ROWS,
             column_properties={c: plain for c in LONG_TEXT_COLUMNS[table]},
         )
     return WriterProperties(compression="ZSTD", compression_level=3)
@@ -271,7 +278,7 @@ class Lake:
                 schema=spec.schema,
                 configuration=dict(TABLE_PROPERTIES),
                 mode="ignore",
-                partition_by=list(spec.partition_by) or None,
+                partition_by=lake.layout(name) or None,
                 name=name,
                 description=spec.doc,
                 storage_options=storage_options,
@@ -357,11 +364,17 @@ class Lake:
             spec.schema.empty_table(),
             mode="append",
             schema_mode="merge",
-            partition_by=list(spec.partition_by) or None,
+            partition_by=dtab.metadata().partition_columns or None,
             storage_options=self.storage_options,
         )
 
     # ------------------------------------------------------------------ tables
+    def layout(self, name: str) -> list[str]:
+        """The partition columns of table ``name`` in this lake's format: an older lake keeps its own layout (what its
+        info file records) until ``halo-data upgrade`` rewrites it; a new one has this HALO's."""
+        recorded = self.info.tables.get(name, {}).get("partition_by") if self.info.format_version < S.FORMAT_VERSION else None
+        return list(recorded) if recorded is not None else list(S.TABLES[name].partition_by)
+
     @property
     def is_local(self) -> bool:
         return _is_local(self.root)
@@ -426,7 +439,7 @@ class Lake:
             dtab,
             data,
             mode="append",
-            partition_by=list(spec.partition_by) or None,
+            partition_by=dtab.metadata().partition_columns or None,
             storage_options=self.storage_options,
             commit_properties=CommitProperties(max_commit_retries=retries),
             writer_properties=writer_properties(name),

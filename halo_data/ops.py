@@ -15,7 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halo_data import schema as S
-from halo_data.lake import MAX_COMMIT_RETRIES, TABLE_PROPERTIES, Lake, LakeError, conform, writer_properties
+from halo_data.lake import (
+    MAX_COMMIT_RETRIES,
+    RUN_ROW_GROUP_ROWS,
+    TABLE_PROPERTIES,
+    Lake,
+    LakeError,
+    conform,
+    writer_properties,
+)
 from halo_data.reader import sql_arrow
 
 log = logging.getLogger(__name__)
@@ -32,6 +40,44 @@ def stats(lake: Lake) -> list[dict[str, Any]]:
         size = sum(actions.column("size_bytes").to_pylist()) if actions.num_rows else 0
         out.append({"table": name, "rows": rows, "files": actions.num_rows, "bytes": size, "version": dtab.version()})
     return out
+
+
+def steps_per_run(lake: Lake, version: int | None = None) -> pa.Table:
+    """run_id, steps and files of ``steps`` per run, from the snapshot's log where a file holds one run (its
+    run_id partition, or equal min/max statistics); only files that hold several runs (compacted) are opened,
+    and of them only the run_id column."""
+    dtab = lake.table("steps", version)
+    actions = pa.table(dtab.get_add_actions(flatten=True))
+    names = set(actions.column_names)
+    if "partition.run_id" in names:
+        one_run = actions.column("partition.run_id").to_pylist()
+    elif {"min.run_id", "max.run_id"} <= names:
+        one_run = [lo if lo is not None and lo == hi else None
+                   for lo, hi in zip(actions.column("min.run_id").to_pylist(), actions.column("max.run_id").to_pylist())]
+    else:
+        one_run = [None] * actions.num_rows
+    counts: dict[str, list[int]] = {}
+    shared: list[str] = []
+    for run_id, rows, path in zip(one_run, actions.column("num_records").to_pylist(), actions.column("path").to_pylist()):
+        if run_id is not None:
+            entry = counts.setdefault(run_id, [0, 0])
+            entry[0] += rows or 0
+            entry[1] += 1
+        elif rows:
+            shared.append(path)
+    if shared:
+        wanted = {p.rsplit("/", 1)[-1] for p in shared}
+        for fragment in dtab.to_pyarrow_dataset().get_fragments():
+            if fragment.path.rsplit("/", 1)[-1] not in wanted:
+                continue
+            for v in fragment.to_table(columns=["run_id"]).column("run_id").value_counts().to_pylist():
+                entry = counts.setdefault(v["values"], [0, 0])
+                entry[0] += v["counts"]
+                entry[1] += 1
+    ordered = sorted(counts.items(), key=lambda kv: str(kv[0]))
+    return pa.table({"run_id": pa.array([k for k, _ in ordered], pa.string()),
+                     "steps": pa.array([v[0] for _, v in ordered], pa.int64()),
+                     "files": pa.array([v[1] for _, v in ordered], pa.int64())})
 
 
 # ---------------------------------------------------------------------- compact / vacuum
@@ -100,6 +146,47 @@ def compact(lake: Lake, target_size: int | None = None) -> dict[str, Any]:
             "files_removed": metrics.get("numFilesRemoved", 0),
             "files_added": metrics.get("numFilesAdded", 0),
         }
+    return report
+
+
+def upgrade(lake: Lake) -> dict[str, Any]:
+    """Rewrite an older lake in this HALO's format: each table whose partitioning is not the current one is
+    rewritten in one commit (streamed, run by run as its files list them), then the info file records the format.
+
+    Readers of older snapshots keep reading them (``--as-of``) until ``vacuum``; a rewrite killed midway left its
+    table as it was, and the next ``upgrade`` goes on from there. An older HALO refuses the upgraded lake rather
+    than misreading it."""
+    import dataclasses as dc
+
+    from deltalake import CommitProperties, write_deltalake
+
+    lake.check_writable()
+    report: dict[str, Any] = {"format_version": lake.info.format_version, "tables": {}}
+    for name, spec in S.TABLES.items():
+        dtab = lake.table(name)
+        have = dtab.metadata().partition_columns
+        if have == list(spec.partition_by):
+            continue
+        files = len(dtab.file_uris())
+        scanner = dtab.to_pyarrow_dataset().scanner(batch_size=RUN_ROW_GROUP_ROWS)
+        write_deltalake(
+            dtab,
+            scanner.to_reader(),
+            mode="overwrite",
+            schema_mode="overwrite",
+            partition_by=list(spec.partition_by) or None,
+            storage_options=lake.storage_options,
+            writer_properties=writer_properties(name),
+            commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES),
+        )
+        rewritten = lake.table(name)
+        report["tables"][name] = {"partition_by": [have, list(spec.partition_by)],
+                                  "files": [files, len(rewritten.file_uris())], "version": rewritten.version()}
+    if lake.info.format_version < S.FORMAT_VERSION:
+        lake.info = dc.replace(lake.info, format_version=S.FORMAT_VERSION,
+                               tables={**lake.info.tables, **type(lake.info).current().tables})
+        lake._write_info()
+    report["format_version"] = [report["format_version"], lake.info.format_version]
     return report
 
 

@@ -74,21 +74,24 @@ def _same_columns_in_every_file(lake: Lake, name: str, dtab: Any, table_schema: 
 
 def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, version: Any = None,
                    runs: list[str] | None = None) -> None:
-    """Table ``name`` as a view of its snapshot; with ``runs``, of those runs' rows only (a table partitioned by
-    run_id lists only their files, so nothing else is opened; another table with a run_id column is filtered)."""
+    """Table ``name`` as a view of its snapshot; with ``runs``, of those runs' rows only: files whose run_id
+    partition (a version 1 lake) or min/max statistics cannot hold them are never listed, and the rows of files that
+    hold other runs too (compacted ones) are filtered, row groups skipped by the same statistics."""
     spec = S.TABLES[name]
     view_name = RAW_TABLE_NAMES.get(name, name)
     dtab = lake.table(name, version)
     table_schema = pa.schema(dtab.schema().to_arrow())
+    partitions = dtab.metadata().partition_columns  # the snapshot's own layout, whichever format wrote it
     scoped = runs is not None and "run_id" in spec.column_names
-    # Files whose run_id partition (or, unpartitioned, min/max statistics) cannot hold the runs are never listed.
     pruning = [("run_id", "in", list(runs))] if scoped else None
-    row_filter = f" WHERE list_contains({_sql_list(list(runs))}, run_id)" if scoped and "run_id" not in spec.partition_by else ""
+    row_filter = ""
+    if scoped and "run_id" not in partitions:
+        row_filter = " WHERE run_id IN (" + ", ".join("'" + r.replace("'", "''") + "'" for r in runs) + ")" if runs else " WHERE false"
     if lake.is_local:
         files = [u[len("file://"):] if u.startswith("file://") else u for u in dtab.file_uris(file_pruning_predicate=pruning)]
         if files:
-            hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in spec.partition_by)
-            hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if spec.partition_by else ", hive_partitioning=false"
+            hive_types = ", ".join(f"'{p}': 'VARCHAR'" for p in partitions)
+            hive = f", hive_partitioning=true, hive_types={{{hive_types}}}" if partitions else ", hive_partitioning=false"
             # union_by_name reads every file's schema each time a query or view binds the table (O(files) per
             # bind); files that all hold the same columns are matched by name from the first file's schema.
             union = "false" if _same_columns_in_every_file(lake, name, dtab, table_schema) else "true"

@@ -4,8 +4,13 @@ Every writer builds Arrow tables against these schemas and every reader projects
 files onto them, so a column added here becomes NULL for data written by an older
 HALO (schema evolution without rewriting anything).
 
-Format version 1. Bump ``FORMAT_VERSION`` only for changes an older reader cannot
-survive (a renamed or retyped column); adding a nullable column is not one.
+Format version 2. Bump ``FORMAT_VERSION`` only for changes an older reader cannot
+survive (a renamed or retyped column, a new layout); adding a nullable column is not one.
+Version 1 partitioned ``steps``, ``candidates`` and ``mcts_nodes`` by run as well as env: a
+folder per run, so at least one file per run that a query's cold start opened, however small
+the runs. Version 2 partitions them by env alone; a run-scoped read finds its runs' files by
+their run_id statistics and compaction packs many runs into one file. This HALO reads and
+writes both; ``halo-data upgrade`` rewrites a version 1 lake into version 2.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import functools
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STATE_HASH_VERSION = 1
 
 TS = pa.timestamp("us", tz="UTC")
@@ -150,12 +155,12 @@ STEPS = TableSpec(
     name="steps",
     doc=(
         "One row per agent step, carrying its episode's fields so one append commits whole "
-        "episodes atomically. Partitioned by env and run_id."
+        "episodes atomically. Partitioned by env; a run's rows stay together within files."
     ),
-    partition_by=("env", "run_id"),
+    partition_by=("env",),
     columns=(
         # --- the episode (repeated on each of its steps) ---
-        C("run_id", pa.string(), "Run that produced the episode (partition key)."),
+        C("run_id", pa.string(), "Run that produced the episode (file statistics: run-scoped reads open its files only)."),
         C("env", pa.string(), "miniwob | real (partition key)."),
         C("episode_id", pa.string(), "Deterministic id from (run_id, task_id, task_seed, attempt_idx)."),
         C("task_id", pa.string(), "Task id, e.g. miniwob.click-button or v2.gomail-1."),
@@ -235,10 +240,10 @@ SCREENSHOTS = TableSpec(
 
 CANDIDATES = TableSpec(
     name="candidates",
-    doc="N actions sampled and scored at one state (online GRPO, MCTS); partitioned by env and run_id.",
-    partition_by=("env", "run_id"),
+    doc="N actions sampled and scored at one state (online GRPO, MCTS); partitioned by env.",
+    partition_by=("env",),
     columns=(
-        C("run_id", pa.string(), "Run (partition key)."),
+        C("run_id", pa.string(), "Run (file statistics: run-scoped reads open its files only)."),
         C("env", pa.string(), "Environment (partition key)."),
         C("episode_id", pa.string(), "Episode the state belongs to."),
         C("task_id", pa.string(), "Task id."),
@@ -262,10 +267,10 @@ CANDIDATES = TableSpec(
 
 MCTS_NODES = TableSpec(
     name="mcts_nodes",
-    doc="Search-tree nodes (Agent Q-style MCTS), one commit per whole tree; partitioned by env and run_id.",
-    partition_by=("env", "run_id"),
+    doc="Search-tree nodes (Agent Q-style MCTS), one commit per whole tree; partitioned by env.",
+    partition_by=("env",),
     columns=(
-        C("run_id", pa.string(), "Run (partition key)."),
+        C("run_id", pa.string(), "Run (file statistics: run-scoped reads open its files only)."),
         C("env", pa.string(), "Environment (partition key)."),
         C("tree_id", pa.string(), "One tree per (task, seed) search."),
         C("node_id", pa.string(), "Node id, unique in its tree: the child indices from the root (0, 0.2, 0.2.1)."),

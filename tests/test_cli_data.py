@@ -185,12 +185,12 @@ def test_missing_lake_and_newer_format(tmp_path, lake):
 # ---------------------------------------------------------------------- init, views, describe
 def test_init(tmp_path):
     root = tmp_path / "new"
-    assert ok("init", str(root)) == f"lake ready at {root} (format version 1)\n"
-    assert ok("init", str(root)) == f"lake ready at {root} (format version 1)\n"
+    assert ok("init", str(root)) == f"lake ready at {root} (format version 2)\n"
+    assert ok("init", str(root)) == f"lake ready at {root} (format version 2)\n"
     assert sorted(p.name for p in root.iterdir()) == sorted(["meta", *S.TABLES])
     # --lake, as every other lake command takes it; both spellings of the same lake agree
-    assert ok("init", "--lake", str(tmp_path / "other")) == f"lake ready at {tmp_path / 'other'} (format version 1)\n"
-    assert ok("init", str(root), "--lake", str(root)) == f"lake ready at {root} (format version 1)\n"
+    assert ok("init", "--lake", str(tmp_path / "other")) == f"lake ready at {tmp_path / 'other'} (format version 2)\n"
+    assert ok("init", str(root), "--lake", str(root)) == f"lake ready at {root} (format version 2)\n"
     assert error("init", str(root), "--lake", str(tmp_path / "other")) == (
         f"Error: two lakes given ({root} and --lake {tmp_path / 'other'}): give one")
 
@@ -300,11 +300,11 @@ def test_stats(shared_lake):
 
 
 def test_compact_and_vacuum(lake):
-    assert ok("compact", "--lake", lake.root) == "dropped 0 screenshot copies; steps: 2 -> 1 files\n"
+    assert ok("compact", "--lake", lake.root) == "dropped 0 screenshot copies; steps: 3 -> 1 files\n"
     assert ok("compact", "--lake", lake.root) == "dropped 0 screenshot copies; nothing to merge\n"
-    assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0", "--dry-run") == "would delete 2 files\n"
+    assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0", "--dry-run") == "would delete 3 files\n"
     assert ok("select count(*) as n from steps", "--lake", lake.root, "--as-of", "3", "--nl") == '{"n": 3}\n'
-    assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0") == "deleted 2 files\n"
+    assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0") == "deleted 3 files\n"
     assert ok("select count(*) as n from steps", "--lake", lake.root, "--nl") == '{"n": 3}\n'
     assert ok("validate", "--lake", lake.root) == "lake is valid\n"
 

@@ -158,11 +158,11 @@ def test_compact_does_not_disturb_a_reader_and_drops_screenshot_copies(tmp_path)
     report = compact(lake)
 
     assert report["screenshot_copies_dropped"] == 1
-    assert report["tables"]["steps"] == {"files_removed": 12, "files_added": 2}   # one file per run_id partition
+    assert report["tables"]["steps"] == {"files_removed": 12, "files_added": 1}   # both runs in one file of the env
     assert reader.execute(counts_sql).fetchall() == expected
     reader.close()
     after = {r["table"]: r for r in stats(lake)}
-    assert after["steps"]["files"] == 2 and after["steps"]["rows"] == before["steps"]["rows"] == 24
+    assert after["steps"]["files"] == 1 and after["steps"]["rows"] == before["steps"]["rows"] == 24
     assert after["screenshots"]["rows"] == 1
     assert lake.query_arrow(counts_sql).to_pylist() == [{"steps": 24, "shots": 1}]
     assert lake.query_arrow("select count(*) from screenshots_all").column(0)[0].as_py() == 1

@@ -29,7 +29,7 @@ def test_init_creates_every_table_and_info(tmp_path):
     info = json.loads((tmp_path / "lake" / INFO_PATH).read_text())
     assert info["format_version"] == S.FORMAT_VERSION
     assert set(info["tables"]) == set(S.TABLES)
-    assert info["tables"]["steps"]["partition_by"] == ["env", "run_id"]
+    assert info["tables"]["steps"]["partition_by"] == ["env"]
     assert info["tables"]["screenshots"]["partition_by"] == ["hash_prefix"]
     assert info["tables"]["train_metrics"]["partition_by"] == ["run_id"]
     for name, spec in S.TABLES.items():
@@ -86,12 +86,17 @@ OLD_STEPS_COLUMNS = ["run_id", "env", "episode_id", "task_id", "attempt_idx", "t
 OLD_RUNS_COLUMNS = ["run_id", "kind", "started_at"]
 
 
+# Format version 1's layout: the tables of runs' rows partitioned by run as well as env.
+V1_PARTITIONS = {name: ["env", "run_id"] if name in ("steps", "candidates", "mcts_nodes") else list(spec.partition_by)
+                 for name, spec in S.TABLES.items()}
+
+
 def make_older_lake(root) -> None:
-    """A lake as an older HALO left it: the same format version, tables created with fewer columns, rows in them."""
+    """A lake as an older HALO left it: format version 1, tables created with fewer columns, rows in them."""
     for name, spec in S.TABLES.items():
         cols = {"steps": OLD_STEPS_COLUMNS, "runs": OLD_RUNS_COLUMNS}.get(name, spec.column_names)
         schema = pa.schema([pa.field(c, spec.column(c).type) for c in cols])
-        DeltaTable.create(str(root / name), schema=schema, partition_by=list(spec.partition_by) or None)
+        DeltaTable.create(str(root / name), schema=schema, partition_by=V1_PARTITIONS[name] or None)
     steps = pa.Table.from_pylist(
         [{"run_id": "old", "env": "miniwob", "episode_id": ids.episode_id("old", "t", 0, 0), "task_id": "t",
           "attempt_idx": 0, "task_seed": 0, "success": True, "step_idx": i, "url": "http://x", "prompt": "[]",
@@ -133,6 +138,47 @@ def test_init_on_an_older_lake_evolves_the_schema(tmp_path):
         writer.write_episode(fields, [{**s, "state_hash": "abc"} for s in steps])
     got = lake.query_arrow("select run_id, count(*) as n, count(state_hash) as hashed from steps group by 1 order by 1")
     assert got.to_pylist() == [{"run_id": "new", "n": 2, "hashed": 2}, {"run_id": "old", "n": 2, "hashed": 0}]
+
+
+def test_upgrade_rewrites_an_older_lake_in_the_current_layout(tmp_path):
+    from click.testing import CliRunner
+
+    from halo_data.cli import main
+
+    root = tmp_path / "lake"
+    make_older_lake(root)
+    lake = Lake.init(root)
+    with EpisodeWriter(lake) as writer:
+        for run in ("new", "other"):
+            for attempt in range(2):
+                writer.write_episode(*one_episode(run_id=run, attempt=attempt))
+    assert lake.table("steps").metadata().partition_columns == ["env", "run_id"]   # writes kept the lake's layout
+    assert lake.info.format_version == 1
+    every_row = "select * from steps order by run_id, episode_id, step_idx"
+    before = lake.query_arrow(every_row)
+    scoped_before = lake.query_arrow("select * from episodes order by episode_id", runs=["new"])
+    pinned = lake.versions()
+
+    result = CliRunner().invoke(main, ["upgrade", "--lake", str(root)])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("format version 1 -> 2; steps: partitioned by env (3 -> 1 files)")
+    lake = Lake.open(root)
+    assert lake.info.format_version == S.FORMAT_VERSION
+    assert json.loads((root / INFO_PATH).read_text())["tables"]["steps"]["partition_by"] == ["env"]
+    for name, spec in S.TABLES.items():
+        assert lake.table(name).metadata().partition_columns == list(spec.partition_by), name
+    assert lake.query_arrow(every_row).equals(before)
+    assert lake.query_arrow("select * from episodes order by episode_id", runs=["new"]).equals(scoped_before)
+    assert scoped_before.column("run_id").to_pylist() == ["new", "new"]
+    # the snapshot before the rewrite stays readable in its own layout, and the lake takes new runs in the new one
+    assert lake.query_arrow(every_row, as_of=",".join(f"{t}={v}" for t, v in pinned.items())).equals(before)
+    with EpisodeWriter(lake) as writer:
+        writer.write_episode(*one_episode(run_id="after"))
+    assert lake.query_arrow("select run_id, count(*) as n from steps where run_id = 'after' group by 1").to_pylist() == \
+        [{"run_id": "after", "n": 2}]
+    again = CliRunner().invoke(main, ["upgrade", "--lake", str(root)])
+    assert again.exit_code == 0 and again.output.strip() == f"lake {root} is already in format version 2: nothing to rewrite"
     lake.upsert_runs([{"run_id": "old", "kind": "rollout", "planned_episodes": 4}])
     assert lake.query_arrow("select run_id, planned_episodes from runs").to_pylist() == [
         {"run_id": "old", "planned_episodes": 4}]

@@ -113,3 +113,34 @@ def test_the_overview_of_a_lake_of_many_runs_summarises_the_newest(monkeypatch, 
     newest = {campaign.run_id(3), campaign.run_id(2)}
     assert set(at.dataframe[0].value["run_id"]) == newest
     assert "newest 2 of the lake's 4 runs" in texts(at)
+
+
+def test_compaction_packs_many_runs_into_a_file_and_run_scoped_reads_still_see_one_run(tmp_path):
+    """Steps are partitioned by env alone: compaction merges the runs' files, so a query opens a bounded number of
+    files however many runs the lake holds; a run's read lists only the files whose run_id statistics can hold it
+    and skips the other runs' rows."""
+    lake = Lake.init(str(tmp_path / "lake"))
+    campaign = CampaignGenerator(CampaignSpec(run_steps=120, attempts_per_task=2, templates=2, screenshot_share=0.05))
+    for i in range(3):
+        campaign.append_run(lake, i)
+    scoped_sql = "select * from grpo_groups order by episode_id, step_idx, member_id"
+    before = {i: lake.query_arrow(scoped_sql, runs=[campaign.run_id(i)]) for i in range(3)}
+    assert all(t.num_rows for t in before.values())
+    per_run = lake.query_arrow("select run_id, count(*) as steps from steps group by 1 order by 1")
+    assert len(lake.files("steps")) >= 3
+
+    ops.compact(lake)
+
+    assert len(lake.files("steps")) == lake.query_arrow("select count(distinct env) from steps").column(0)[0].as_py()
+    for i in range(3):
+        assert lake.query_arrow(scoped_sql, runs=[campaign.run_id(i)]).equals(before[i])
+    counted = ops.steps_per_run(lake)   # compacted files hold several runs: their run_id column is counted
+    assert counted.select(["run_id", "steps"]).equals(per_run)
+    campaign.append_run(lake, 3)
+    new = campaign.run_id(3)
+    own = [p for p in lake.files("steps") if
+           lake.query_arrow(f"select count(*) from read_parquet('{p}') where run_id <> '{new}'", views=False,
+                            tables=()).column(0)[0].as_py() == 0]
+    listed = Lake.open(lake.root).table("steps").file_uris(file_pruning_predicate=[("run_id", "in", [new])])
+    assert sorted(u.removeprefix("file://") for u in listed) == sorted(own) and own
+    assert ops.steps_per_run(lake).to_pylist()[-1] == {"run_id": new, "steps": 120, "files": len(own)}

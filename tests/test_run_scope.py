@@ -3,6 +3,8 @@ unrelated runs land in the lake, and the read opens only its runs' files."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from halo_data.lake import Lake
@@ -46,7 +48,11 @@ def test_a_run_scoped_read_lists_only_that_runs_files(tmp_path):
         runs_seen = con.sql("select distinct run_id from grpo_groups").fetchall()
     finally:
         con.close()
-    assert "run_id=run-b" in steps_sql and "run_id=run-a" not in steps_sql and "run_id=run-c" not in steps_sql
+    listed = set(re.findall(r"'([^']+\.parquet)'", steps_sql))
+    runs_in = {path: {r["run_id"] for r in lake.query_arrow(f"select distinct run_id from read_parquet('{path}')",
+                                                          views=False, tables=()).to_pylist()}
+               for path in lake.files("steps")}
+    assert listed == {path for path, held in runs_in.items() if held == {"run-b"}} and listed
     assert runs_seen == [("run-b",)]
 
 

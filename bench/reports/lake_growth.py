@@ -53,8 +53,10 @@ def report(results_dir: pathlib.Path) -> str:
                 f"{largest}/{names[0]} <= 1.5x", f"{'yes' if ratio_wall <= 1.5 else 'NO'} (wall {ratio_wall:.2f}x, CPU {ratio_cpu:.2f}x)")
         if all("requests" in s["reads"] for _, s in sizes):
             others = sum(s["reads"]["requests"]["other_runs_data"] for _, s in sizes)
-            row("S3 GET/HEAD requests of the reads: the run's data / other runs' / unpartitioned tables' / logs",
-                [" / ".join(str(s["reads"]["requests"][k]) for k in ("run_data", "other_runs_data", "unpartitioned_data", "log"))
+            row("S3 GET/HEAD requests of the reads: the run's data / shared with other runs (compacted) / other runs' / "
+                "tables without run_id / logs",
+                [" / ".join(str(s["reads"]["requests"].get(k, "-"))
+                            for k in ("run_data", "shared_data", "other_runs_data", "unpartitioned_data", "log"))
                  for _, s in sizes], "no other run's file", "yes" if others == 0 else "NO")
         cold = _med(sizes[-1][1]["query_cold_start_s"])
         row("`halo-data query \"select count(*) from steps\"`, whole process: wall / CPU s",
