@@ -335,19 +335,36 @@ class Lake:
             return f.read().decode()
 
     def _write_info(self) -> None:
-        text = LakeInfo.current().to_json() if self.info is None else self.info.to_json()
+        self.write_meta(INFO_PATH, (LakeInfo.current() if self.info is None else self.info).to_json())
+
+    def read_meta(self, rel: str) -> str | None:
+        """A file of the lake's own (under ``meta/``), None where there is none."""
+        return self._read_text(self.root, rel, self.storage_options)
+
+    def write_meta(self, rel: str, text: str) -> None:
+        """Write a file of the lake's own whole: a reader sees the old text or the new, never part of it."""
         if _is_local(self.root):
-            p = _local_path(self.root) / INFO_PATH
+            p = _local_path(self.root) / rel
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(".json.tmp")
+            tmp = p.with_name(p.name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, p)
         else:
             import pyarrow.fs as pafs
 
             fs, base = pafs.FileSystem.from_uri(self.root)
-            with fs.open_output_stream(f"{base}/{INFO_PATH}") as f:
+            with fs.open_output_stream(f"{base}/{rel}") as f:
                 f.write(text.encode())
+
+    def delete_meta(self, rel: str) -> None:
+        if _is_local(self.root):
+            (_local_path(self.root) / rel).unlink(missing_ok=True)
+        else:
+            import pyarrow.fs as pafs
+
+            fs, base = pafs.FileSystem.from_uri(self.root)
+            if fs.get_file_info(f"{base}/{rel}").type != pafs.FileType.NotFound:
+                fs.delete_file(f"{base}/{rel}")
 
     def _evolve_schema(self, name: str) -> None:
         """Add columns this HALO knows and the table lacks (an older lake); never drops or retypes."""

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 from halo_data import schema as S
 from halo_data.lake import (
     MAX_COMMIT_RETRIES,
-    RUN_ROW_GROUP_ROWS,
     TABLE_PROPERTIES,
     Lake,
     LakeError,
@@ -154,34 +153,24 @@ def upgrade(lake: Lake) -> dict[str, Any]:
     rewritten in one commit (streamed, run by run as its files list them), then the info file records the format.
 
     Readers of older snapshots keep reading them (``--as-of``) until ``vacuum``; a rewrite killed midway left its
-    table as it was, and the next ``upgrade`` goes on from there. An older HALO refuses the upgraded lake rather
+    table as it was (its files, in no snapshot, go at the next ``vacuum``), and the next ``upgrade`` goes on from
+    there. An older HALO refuses the upgraded lake rather
     than misreading it."""
     import dataclasses as dc
 
-    from deltalake import CommitProperties, write_deltalake
+    from halo_data.relayout import finish_rewrite, rewrite_table
 
     lake.check_writable()
     report: dict[str, Any] = {"format_version": lake.info.format_version, "tables": {}}
     for name, spec in S.TABLES.items():
+        finish_rewrite(lake, name)
         dtab = lake.table(name)
         have = dtab.metadata().partition_columns
         if have == list(spec.partition_by):
             continue
-        files = len(dtab.file_uris())
-        scanner = dtab.to_pyarrow_dataset().scanner(batch_size=RUN_ROW_GROUP_ROWS)
-        write_deltalake(
-            dtab,
-            scanner.to_reader(),
-            mode="overwrite",
-            schema_mode="overwrite",
-            partition_by=list(spec.partition_by) or None,
-            storage_options=lake.storage_options,
-            writer_properties=writer_properties(name),
-            commit_properties=CommitProperties(max_commit_retries=MAX_COMMIT_RETRIES),
-        )
-        rewritten = lake.table(name)
-        report["tables"][name] = {"partition_by": [have, list(spec.partition_by)],
-                                  "files": [files, len(rewritten.file_uris())], "version": rewritten.version()}
+        done = rewrite_table(lake, name, list(spec.partition_by))
+        report["tables"][name] = {"partition_by": [have, list(spec.partition_by)], "files": done["files"],
+                                  "rows": done["rows"], "version": lake.table(name).version()}
     if lake.info.format_version < S.FORMAT_VERSION:
         lake.info = dc.replace(lake.info, format_version=S.FORMAT_VERSION,
                                tables={**lake.info.tables, **type(lake.info).current().tables})

@@ -269,3 +269,35 @@ def test_unknown_columns_are_refused(tmp_path):
         lake.append("train_metrics", pa.Table.from_pylist([{"run_id": "t", "lr": 1.0}]))
     with pytest.raises(LakeError, match="unknown table 'nope'"):
         lake.table_uri("nope")
+
+
+def test_an_upgrade_stopped_between_its_commits_is_finished_by_the_next(tmp_path, monkeypatch):
+    from halo_data import ops, relayout
+
+    root = tmp_path / "lake"
+    make_older_lake(root)
+    lake = Lake.init(root)
+    with EpisodeWriter(lake) as writer:
+        writer.write_episode(*one_episode(run_id="new"))
+    every_row = "select * from steps order by run_id, episode_id, step_idx"
+    before = lake.query_arrow(every_row)
+
+    def killed_after_the_partitioning_commit(lake: Lake, name: str) -> bool:
+        if lake.read_meta(f"meta/upgrade-{name}.json") is not None:
+            raise SystemExit("killed")
+        return False
+
+    with monkeypatch.context() as patch:
+        patch.setattr(relayout, "finish_rewrite", killed_after_the_partitioning_commit)
+        with pytest.raises(SystemExit):
+            ops.upgrade(Lake.open(root))
+    lake = Lake.open(root)
+    assert lake.table("steps").metadata().partition_columns == ["env"]
+    assert lake.query_arrow("select count(*) as n from steps").to_pylist() == [{"n": 0}]   # between the commits
+    assert lake.info.format_version == 1
+
+    ops.upgrade(lake)
+
+    lake = Lake.open(root)
+    assert lake.query_arrow(every_row).equals(before)
+    assert lake.read_meta("meta/upgrade-steps.json") is None and lake.info.format_version == S.FORMAT_VERSION
