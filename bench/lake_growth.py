@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="The lake in a bucket of moto's S3 server on loopback, and the requests a run-scoped read "
                          "sends counted (never kept: the bucket is in the server's memory).")
     args = ap.parse_args(argv)
-    from bench.reports import save
+    from bench.reports import head_commit, save
     from halo_data.synthetic import CampaignSpec
 
     def log(message: str) -> None:
@@ -375,6 +375,9 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         progress = {"campaign": key, "spec": spec.__dict__, "sizes": {}}
     work.mkdir(parents=True, exist_ok=True)
+    commits = progress.setdefault("commits", [])  # every commit a call measured at (a resumed run may add one)
+    if head_commit() not in commits:
+        commits.append(head_commit())
     s3 = MotoS3(work) if args.s3 else None
     lake_root = s3.root if s3 else str(work / "lake")
     try:
@@ -383,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
         if s3 is not None:
             s3.close()
     result = {"campaign": progress["campaign"], "spec": progress["spec"], "sizes": progress["sizes"],
-              "summary": summary(progress["sizes"]), "targets": TARGETS, "memory_limit_gb": gigabytes(args.memory_limit)}
+              "summary": summary(progress["sizes"]), "targets": TARGETS, "memory_limit_gb": gigabytes(args.memory_limit),
+              "commit": ", ".join(progress["commits"])}
     path = save("lake-growth", result, argv)
     print(json.dumps(result["summary"], indent=2))
     print(f"results: {path.relative_to(ROOT)}")

@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as a script (python bench/run.py): make the
 from bench import write_path  # noqa: E402
 from bench.compare import compare_outputs  # noqa: E402
 from bench.generate import generate  # noqa: E402
+from bench.reports import head_commit
 from halo_data.synthetic import SyntheticSpec  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -130,6 +131,7 @@ class Bench:
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": shlex.join([".venv/bin/python", "-m", "bench", *opts.argv]),
             "machine": machine(),
+            "commit": head_commit(),
             "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
             "sizes": {},
         }
@@ -150,6 +152,11 @@ class Bench:
             w / "jsonl_stripped" if legacy else None,
         )
         res["generate"] = dataclasses.asdict(gen)
+        # The generated lake (15 GB at 1M, most of it screenshots) is still being written back from the page cache:
+        # measured then, every figure below also waits for the disk (the write path took 3x as long). Flushed first.
+        t0 = time.perf_counter()
+        os.sync()
+        res["sync_seconds"] = time.perf_counter() - t0
         # storage, before compaction (compaction keeps the old files until vacuum)
         st = {"lake_total": dir_bytes(w / "lake"), "lake_text": lake_text_bytes(w / "lake")}
         if legacy:
@@ -188,6 +195,7 @@ class Bench:
         t0 = time.perf_counter()
         subprocess.run([str(BIN / "halo-data"), "compact", "--lake", str(w / "lake")], check=True, capture_output=True, cwd=ROOT)
         res["compact_seconds"] = time.perf_counter() - t0
+        os.sync()  # compaction's rewritten files, as above
         cold = []
         for _ in range(5):
             t0 = time.perf_counter()
@@ -208,6 +216,7 @@ class Bench:
             self.results["sizes"][label(n)] = self.size(n)
             self.save()
         log.info("write path (%d steps x %d repeats)", o.write_steps, o.repeats)
+        os.sync()  # the sizes' folders just deleted: their writeback is not the write path's
         self.results["write_path"] = write_path.measure(o.write_steps, o.repeats, o.flush_episodes)
         if o.rollout:
             self.results["rollout"] = rollout(o.workdir, quick=o.quick)

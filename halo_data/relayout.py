@@ -134,10 +134,9 @@ def rewrite_table(lake: Lake, name: str, partition_by: list[str]) -> dict[str, A
     writers: dict[tuple[str, ...], _RollingWriter] = {}
     rows = 0
     for action in actions:
-        path = action["path"]
-        full = path if "://" in path or path.startswith("/") else f"{table_path}/{path}"
+        path = urllib.parse.unquote(action["path"])  # the log holds paths relative to the table, URI-encoded
         constants = {k: action.get(f"partition.{k}") for k in old_partitions}
-        with fs.open_input_file(_filesystem(lake, full)[1]) as f:
+        with fs.open_input_file(f"{table_path}/{path}") as f:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=RUN_ROW_GROUP_ROWS):
                 table = pa.Table.from_batches([batch])
                 for k, v in constants.items():
@@ -163,7 +162,7 @@ def rewrite_table(lake: Lake, name: str, partition_by: list[str]) -> dict[str, A
             info = fs.get_file_info(f"{table_path}/{rel}")
             with fs.open_input_file(f"{table_path}/{rel}") as f:
                 metadata = pq.ParquetFile(f).metadata
-            adds.append(AddAction(path=rel, size=info.size, partition_values=partition, modification_time=now,
+            adds.append(AddAction(path=urllib.parse.quote(rel, safe="/="), size=info.size, partition_values=partition, modification_time=now,
                                   data_change=True, stats=json.dumps(file_stats(metadata, data_columns))))
     current = lake.table(name)
     if current.version() != source_version:

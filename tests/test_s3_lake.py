@@ -260,3 +260,32 @@ def test_a_run_scoped_read_gets_only_that_runs_files(s3_lake, s3_endpoint):
     # steps and candidates of the run were read; of the unpartitioned runs table only the file holding its row
     tables_read = {path.split("/lake/", 1)[1].split("/", 1)[0] for path in data_reads}
     assert {"steps", "candidates"} <= tables_read <= {"steps", "candidates", "runs"}, data_reads
+
+
+def test_upgrade_rewrites_an_s3_lake_of_format_version_1(s3_lake):
+    """`halo-data upgrade` on an object store: the files it writes and reads are S3 objects, its pending commit
+    a lake file there too."""
+    import dataclasses
+
+    from halo_data import schema as S
+    from halo_data.lake import INFO_PATH, LakeInfo
+
+    v1 = {name: {"partition_by": ["env", "run_id"] if name in ("steps", "candidates", "mcts_nodes") else
+                 list(spec.partition_by)} for name, spec in S.TABLES.items()}
+    info = dataclasses.replace(LakeInfo.current(), format_version=1, tables=v1)
+    Lake(s3_lake, info).write_meta(INFO_PATH, info.to_json())
+    lake = Lake.init(s3_lake)   # a version 1 lake: its tables are made in the layout its info records
+    assert lake.table("steps").metadata().partition_columns == ["env", "run_id"]
+    write_episodes(lake, "r1", range(4))
+    write_episodes(lake, "r2", range(2))
+    every_row = "select * from steps order by run_id, episode_id, step_idx"
+    before = lake.query_arrow(every_row)
+
+    assert cli("upgrade", "--lake", s3_lake).startswith("format version 1 -> 2; steps: partitioned by env (")
+
+    lake = Lake.open(s3_lake)
+    assert lake.table("steps").metadata().partition_columns == ["env"] and lake.info.format_version == 2
+    assert lake.query_arrow(every_row).equals(before)
+    assert lake.query_arrow("select distinct run_id from episodes", runs=["r2"]).to_pylist() == [{"run_id": "r2"}]
+    assert lake.read_meta("meta/upgrade-steps.json") is None
+    assert_no_credentials(s3_lake)

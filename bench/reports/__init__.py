@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,10 +71,22 @@ def load_runs(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(folder.glob("*.json"))]
 
 
+def head_commit() -> str:
+    """The checkout's commit, with ``+dirty`` where tracked files differ from it (what a benchmark measured)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def save(name: str, result: dict, argv: list[str] | None) -> Path:
     """Writes one run's result to ``bench/results/NAME/<time>.json``, with the command that made it (the
-    benchmark's own options ``argv``) and the machine."""
+    benchmark's own options ``argv``), the machine and the commit (the run's ``commit`` where it recorded the one
+    it started at, else the checkout's now)."""
     argv = list(argv or [])
+    result = dict(result)
+    commit = result.pop("commit", None) or head_commit()
     folder = RESULTS / name
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -83,6 +96,7 @@ def save(name: str, result: dict, argv: list[str] | None) -> Path:
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()) + " UTC",
         "machine": {"cores": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()],
                     "python": platform.python_version(), "platform": platform.platform(terse=True)},
+        "commit": commit,
     }
     clash = sorted(set(record) & set(result))
     if clash:
@@ -109,7 +123,9 @@ def provenance(run: dict) -> str:
     """One line under a table: when, where, and the results file."""
     m = run.get("machine", {})
     load = m.get("load_average")
+    commit = run.get("commit")
     return (f"{run.get('date', '?')}, {m.get('cores', '?')} cores" + (f", load {load[0]}" if load else "")
+            + (f", commit {commit[:10]}{'+dirty' if commit.endswith('+dirty') else ''}" if commit else "")
             + f"; `bench/results/{run['benchmark']}/{run['file']}`")
 
 
