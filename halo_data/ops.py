@@ -92,10 +92,10 @@ def _duplicate_screenshot_prefixes(lake: Lake) -> list[str]:
 
 
 # Compaction packs a partition's files into files of up to this size and never rewrites one already past it.
-# Tables partitioned by run keep each finished run in its own partition, which compaction leaves alone once it is
-# one file; screenshots are partitioned by hash, so every run adds small files to old partitions: under delta-rs's
-# default target (100 MiB) each compaction rewrote every partition whole, a cost that grew with the lake. At 16 MiB
-# a compaction rewrites at most 16 MiB per partition, whatever the lake's size.
+# Every run adds small files to the same partitions (steps, candidates and mcts_nodes by env, screenshots by hash).
+# Under delta-rs's default target (100 MiB), steps' packed files stay where they are (the 5M growth run's 50-run
+# compactions each rewrote only the new runs' files); screenshots' partitions were rewritten whole each time, a cost
+# that grew with the lake. At 16 MiB a compaction rewrites at most 16 MiB per screenshot partition.
 COMPACT_TARGET_SIZE = {"screenshots": 16 * 1024 * 1024}
 
 
