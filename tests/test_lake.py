@@ -127,6 +127,25 @@ def test_older_lake_with_fewer_columns_reads_new_columns_as_null(tmp_path):
     assert lake.query_arrow("select shaped_return from episodes").to_pylist() == [{"shaped_return": 2.0}]
 
 
+def test_steps_per_run_counts_from_the_log_in_either_layout(tmp_path):
+    from halo_data.ops import compact, steps_per_run
+
+    root = tmp_path / "lake"
+    make_older_lake(root)   # version 1: a run's files carry its run_id partition value
+    assert steps_per_run(Lake.open(root)).to_pylist() == [{"run_id": "old", "steps": 2, "files": 1}]
+    lake = Lake.init(tmp_path / "new")
+    for run, attempts in (("a", 2), ("b", 1)):   # a writer per run, as rollouts write
+        with EpisodeWriter(lake) as writer:
+            for attempt in range(attempts):
+                writer.write_episode(*one_episode(run_id=run, attempt=attempt))
+    assert len(lake.files("steps")) == 2
+    expected = [{"run_id": "a", "steps": 4, "files": 1}, {"run_id": "b", "steps": 2, "files": 1}]
+    assert steps_per_run(lake).to_pylist() == expected   # one run per file: min = max
+    compact(lake)
+    assert len(lake.files("steps")) == 1
+    assert steps_per_run(lake).to_pylist() == expected   # the packed file's run_id column, counted
+
+
 def test_init_on_an_older_lake_evolves_the_schema(tmp_path):
     root = tmp_path / "lake"
     make_older_lake(root)
