@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from halo_data.lake import LONG_TEXT_COLUMNS, MAX_COMMIT_RETRIES, RUN_ROW_GROUP_ROWS, Lake
+from halo_data.lake import LONG_TEXT_COLUMNS, MAX_COMMIT_RETRIES, RUN_ROW_GROUP_ROWS, Lake, LakeError
 
 # A file is closed once this many bytes are written, as delta-rs's compaction target.
 TARGET_FILE_BYTES = 100 * 1024 * 1024
@@ -94,7 +94,8 @@ def file_stats(metadata: pq.FileMetaData, data_columns: list[str]) -> dict[str, 
             st = chunk.statistics
             if st is None or not st.has_null_count:
                 unknown.add(name)
-                mins.pop(name, None), maxs.pop(name, None), nulls.pop(name, None)
+                for known in (mins, maxs, nulls):
+                    known.pop(name, None)
                 continue
             nulls[name] = nulls.get(name, 0) + st.null_count
             if st.has_min_max:
@@ -119,7 +120,7 @@ def _to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def rewrite_table(lake: Lake, name: str, partition_by: list[str]) -> dict[str, Any]:
     """Rewrite table ``name`` partitioned by ``partition_by``: its current snapshot's rows, file by file in the
-    order of their runs, committed as one overwrite that records the new partitioning."""
+    order of their runs, committed after an empty overwrite that records the new partitioning."""
     from deltalake import CommitProperties, write_deltalake
     from deltalake.transaction import AddAction
 
@@ -162,11 +163,12 @@ def rewrite_table(lake: Lake, name: str, partition_by: list[str]) -> dict[str, A
             info = fs.get_file_info(f"{table_path}/{rel}")
             with fs.open_input_file(f"{table_path}/{rel}") as f:
                 metadata = pq.ParquetFile(f).metadata
-            adds.append(AddAction(path=urllib.parse.quote(rel, safe="/="), size=info.size, partition_values=partition, modification_time=now,
-                                  data_change=True, stats=json.dumps(file_stats(metadata, data_columns))))
+            adds.append(AddAction(path=urllib.parse.quote(rel, safe="/="), size=info.size, partition_values=partition,
+                                  modification_time=now, data_change=True,
+                                  stats=json.dumps(file_stats(metadata, data_columns))))
     current = lake.table(name)
     if current.version() != source_version:
-        raise RuntimeError(f"{name} changed while it was rewritten (version {source_version} -> {current.version()}): "
+        raise LakeError(f"{name} changed while it was rewritten (version {source_version} -> {current.version()}): "
                            "run `halo-data upgrade` again when no writer is running")
     # delta-rs changes a table's partitioning only in a write of its own (which holds its data in memory): an empty
     # overwrite that records the new partitioning, then the files written here. What to commit is recorded first,

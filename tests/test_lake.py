@@ -320,3 +320,30 @@ def test_an_upgrade_stopped_between_its_commits_is_finished_by_the_next(tmp_path
     lake = Lake.open(root)
     assert lake.query_arrow(every_row).equals(before)
     assert lake.read_meta("meta/upgrade-steps.json") is None and lake.info.format_version == S.FORMAT_VERSION
+
+
+def test_an_upgrade_refuses_a_table_written_while_it_was_rewritten(tmp_path, monkeypatch):
+    from halo_data import ops, relayout
+
+    root = tmp_path / "lake"
+    make_older_lake(root)
+    lake = Lake.init(root)
+    every_row = "select * from steps order by run_id, episode_id, step_idx"
+    stats = relayout.file_stats
+
+    def a_writer_appends_meanwhile(metadata, columns):
+        if not lake.episode_ids("late"):
+            with EpisodeWriter(lake) as writer:
+                writer.write_episode(*one_episode(run_id="late"))
+        return stats(metadata, columns)
+
+    monkeypatch.setattr(relayout, "file_stats", a_writer_appends_meanwhile)
+    with pytest.raises(LakeError, match=r"steps changed while it was rewritten .*run `halo-data upgrade` again"):
+        ops.upgrade(Lake.open(root))
+    monkeypatch.undo()
+    lake = Lake.open(root)
+    assert lake.table("steps").metadata().partition_columns == ["env", "run_id"]   # as it was, with the late run
+    before = lake.query_arrow(every_row)
+    assert sorted(set(before.column("run_id").to_pylist())) == ["late", "old"]
+    ops.upgrade(lake)
+    assert Lake.open(root).query_arrow(every_row).equals(before)
