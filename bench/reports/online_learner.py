@@ -17,6 +17,10 @@ def report(results_dir: pathlib.Path) -> str:
     runs = load_runs(results_dir)
     out = []
     for run in runs:
+        o = run.get("options", {})
+        out.append(f"{len(o.get('tasks', '').split(','))} tasks ({o.get('tasks', '?')}), at most "
+                   f"{o.get('max_episode_steps', '?')} steps per episode, groups of {o.get('group_size', '?')}, "
+                   f"{o.get('iterations', '?')} iterations:\n")
         rows = []
         for arm, r in run["arms"].items():
             p = r["per_iteration"]
