@@ -43,6 +43,10 @@ def report(results_dir: pathlib.Path) -> str:
         ratios = []
         if "displacement_ratio" in run:
             ratios.append(f"persistent / jobs displacement per iteration: {run['displacement_ratio']:.2f}× (target ≥ 3×)")
+        kl = {arm: _mean(r["per_iteration"]["approx_kl"]) for arm, r in run["arms"].items()}
+        if kl.get("jobs") and kl.get("persistent") is not None:
+            ratios.append(f"persistent / jobs approx KL(new‖old) per update: {kl['persistent'] / kl['jobs']:.2f}× "
+                          "(no target: what an update does to the policy on its own rows)")
         if "seconds_per_row_ratio" in run:
             ratios.append(f"update seconds per trained row: {run['seconds_per_row_ratio']:.2f}× (target ≤ 0.7×)")
         if "cpu_seconds_per_row_ratio" in run:
