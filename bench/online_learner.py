@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -94,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
     summary: dict = {"options": vars(a), "load_before": load_before, "load_after": load_after, "cores": os.cpu_count(),
                      "arms": results}
+    started = {r["commit"] for r in results.values()}
+    if len(started) == 1:  # the commit every arm started at, not the checkout's at the end
+        summary["commit"] = started.pop()
     summary.update(ratios(results))
     print_table(results, summary)
     print(f"load average after: {load_after[0]:.2f}")
@@ -193,11 +195,10 @@ def print_table(results: dict, summary: dict) -> None:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The checkout's commit, ``+dirty`` where tracked files differ from it."""
+    from bench.reports import head_commit
 
+    return head_commit()
 
 if __name__ == "__main__":
     main()
