@@ -73,13 +73,10 @@ def test_root_inside_is_an_unprivileged_id_outside(box):
     assert lines[0] == "0"
     assert lines[1].split() == ["0", str(HOST_ID_BASE), str(ID_COUNT)]  # not the identity map 0 0 4294967295
     assert lines[2].split() == ["0", str(HOST_ID_BASE), str(ID_COUNT)]
-    on_host = box.run("sleep 30 & echo $!")  # its uid seen from the host
-    deadline = time.monotonic() + 10
-    while True:  # the background child may not have exec'd sleep yet when the command returns (a loaded machine)
-        host_pids = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep\x0030\x00"]
-        if host_pids or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    # Its uid seen from the host. The command returns only once the background child runs sleep: what a command
+    # leaves is frozen when it returns, and a child frozen before its exec would stay bash.
+    on_host = box.run("sleep 30 & while [ \"$(cat /proc/$!/comm)\" != sleep ]; do :; done; echo $!")
+    host_pids = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep\x0030\x00"]
     assert on_host.exit_code == 0 and host_pids
     assert {os.stat(f"/proc/{p}").st_uid for p in host_pids} == {HOST_ID_BASE}
 
