@@ -376,8 +376,9 @@ def main(argv: list[str] | None = None) -> None:
         progress = {"campaign": key, "spec": spec.__dict__, "sizes": {}}
     work.mkdir(parents=True, exist_ok=True)
     commits = progress.setdefault("commits", [])  # every commit a call measured at (a resumed run may add one)
-    if head_commit() not in commits:
-        commits.append(head_commit())
+    commit = head_commit()
+    if commit not in commits:
+        commits.append(commit)
     s3 = MotoS3(work) if args.s3 else None
     lake_root = s3.root if s3 else str(work / "lake")
     try:

@@ -35,7 +35,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.reports import save
+from bench.reports import head_commit, save
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = {
@@ -109,7 +109,7 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
 
     work.mkdir(parents=True, exist_ok=True)
     started = work / "started.json"
-    commit = _commit()
+    commit = head_commit()
     if not started.exists():
         started.write_text(json.dumps({"commit": commit, "at": time.strftime("%Y-%m-%d %H:%M:%S")}))
     first = json.loads(started.read_text())
@@ -193,12 +193,6 @@ def print_table(results: dict, summary: dict) -> None:
         if key in summary:
             print(f"persistent / jobs {key.replace('_', ' ')}: {summary[key]:.2f} (target {target})")
 
-
-def _commit() -> str:
-    """The checkout's commit, ``+dirty`` where tracked files differ from it."""
-    from bench.reports import head_commit
-
-    return head_commit()
 
 if __name__ == "__main__":
     main()

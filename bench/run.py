@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script (python bench/run.py): make the
 from bench import write_path  # noqa: E402
 from bench.compare import compare_outputs  # noqa: E402
 from bench.generate import generate  # noqa: E402
-from bench.reports import head_commit
+from bench.reports import head_commit  # noqa: E402
 from halo_data.synthetic import SyntheticSpec  # noqa: E402
 
 log = logging.getLogger("bench")

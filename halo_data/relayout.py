@@ -169,7 +169,7 @@ def rewrite_table(lake: Lake, name: str, partition_by: list[str]) -> dict[str, A
     current = lake.table(name)
     if current.version() != source_version:
         raise LakeError(f"{name} changed while it was rewritten (version {source_version} -> {current.version()}): "
-                           "run `halo-data upgrade` again when no writer is running")
+                        "run `halo-data upgrade` again when no writer is running")
     # delta-rs changes a table's partitioning only in a write of its own (which holds its data in memory): an empty
     # overwrite that records the new partitioning, then the files written here. What to commit is recorded first,
     # so an upgrade stopped between the two commits is finished by the next one (``finish_rewrite``).
