@@ -37,13 +37,15 @@ as vLLM's automatic prefix caching), and the masked draw walks token by token fr
 model only where more than one token is allowed; ``--score-mode full`` prefills the whole prompt afresh for
 each request instead (same draw, slower; ``--choice-draw sequence``: every choice scored after the whole prompt).
 
-Requests that arrive together are batched, as vLLM's scheduler batches them (:class:`EngineLoop`): one engine
-thread owns the model; the HTTP threads queue their requests and wait. The engine takes everything queued (at
-most ``--max-batch``, 8, after waiting up to ``--batch-window-ms``, 10, for more to arrive) and prefills the guided choices' prompts in one forward per adapter, each
-continuing from its own cached prefix (the caches left-padded and masked, the fed tokens right-padded), each
-prompt's cache stored as its prefill alone would store it. Each request's choice walk, plain sampling (its seed
-drives torch's global generator) and ``prompt_logprobs`` then run one request after another, as before. So every
-answer equals the one the request gets alone: the same draw for the same seed, logprobs within float rounding.
+Guided choices are batched continuously, as vLLM's scheduler batches requests (:class:`EngineLoop`): one engine
+thread owns the model; the HTTP threads queue their requests and wait. The engine keeps up to ``--max-batch`` (8)
+guided choices in progress. Those that arrive (when it is idle, after waiting up to ``--batch-window-ms``, 10, for
+more) have their prompts prefilled in one forward per adapter, each continuing from its own cached prefix (the
+caches left-padded and masked, the fed tokens right-padded), each prompt's cache stored as its prefill alone
+would store it. Then every turn advances each request's choice walk by one forward, the walks of one adapter in
+one padded forward, and a request that arrives meanwhile joins at the next. Plain sampling (its seed drives
+torch's global generator) and ``prompt_logprobs`` run alone, in order of arrival. Every answer equals the one
+the request gets alone: the same draw for the same seed, logprobs within float rounding.
 ``--max-batch 1`` runs each request alone, in order of arrival.
 
 Token-exact answers, in vLLM's shapes:
@@ -380,8 +382,9 @@ class ChatCompletionServer(LocalHTTPServer):
     def metrics(self) -> str:
         """Prometheus text, as vLLM's ``/metrics`` (under HALO's names): requests answered, the seconds the engine
         thread was busy, prompt tokens asked for, how many of those the prefix cache spared a prefill, and the
-        engine's batches: its turns, the requests that ran in a turn with others, the largest turn, the forwards
-        that prefilled several prompts and those prompts."""
+        engine's batching: its turns, the requests that shared a forward with others, the most requests one forward
+        served, the forwards that advanced choice walks and the walks they advanced, the forwards that prefilled
+        several prompts and those prompts."""
         cache, stats = self.engine.prompt_cache, self.loop.stats
         values = {
             "halo_chat_requests_total": self.counters["requests"],
@@ -393,6 +396,8 @@ class ChatCompletionServer(LocalHTTPServer):
             "halo_chat_engine_batches_total": stats["batches"],
             "halo_chat_batched_requests_total": stats["batched_requests"],
             "halo_chat_largest_batch": stats["largest_batch"],
+            "halo_chat_walk_forwards_total": stats["walk_forwards"],
+            "halo_chat_walk_rows_total": stats["walk_rows"],
             "halo_chat_batched_prefills_total": cache.batched_prefills,
             "halo_chat_batched_prefill_prompts_total": cache.batched_prompts,
         }
@@ -524,10 +529,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch's threads for one forward (default: torch's, one per core)")
     parser.add_argument("--prompt-cache-size", type=int, default=8, metavar="N", help="prompts whose KV caches are kept")
     parser.add_argument("--max-batch", type=int, default=8, metavar="N",
-                        help="requests the engine runs as one batch at most (1: each alone, in order of arrival)")
+                        help="guided choices in progress together at most, as vLLM's --max-num-seqs (1: each alone, "
+                             "in order of arrival)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, metavar="MS",
-                        help="how long the engine waits for more requests to join a batch before it runs one (it stops "
-                             "waiting once the batch is as large as the last one)")
+                        help="how long the idle engine waits after a request for more to be prefilled with it (it stops "
+                             "waiting once as many are queued as it last admitted together)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")

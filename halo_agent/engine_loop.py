@@ -1,13 +1,15 @@
-"""The chat server's engine thread: requests that arrive together run as one batch, as vLLM's scheduler runs them.
+"""The chat server's engine thread: continuous batching of guided choices, as vLLM's scheduler batches requests.
 
-One thread owns the model. HTTP handler threads ``submit`` work and wait for its answer; the engine thread takes
-everything queued (up to ``max_batch`` requests) and runs it: the guided choices together
-(:meth:`LocalChatModel.choose_many`: their prompts prefilled as one batch, then each choice walk in turn), and
-anything else (plain sampling, prompt logprobs) one request after another, as before.
+One thread owns the model. HTTP handler threads ``submit`` work and wait for its answer. The engine thread keeps
+the guided choices in progress (at most ``max_batch``) and, turn after turn, admits what has arrived (its prompts
+prefilled as one batch per adapter, :meth:`LocalChatModel.start_choices`) and advances every request's choice walk
+one forward, the walks of one adapter in one padded forward (:meth:`LocalChatModel.step_choices`): a request that
+arrives while others are being drawn joins them at the next forward, and one that is answered leaves. Anything
+else (plain sampling, prompt logprobs, loading an adapter) runs alone, in order of arrival, once the requests
+before it are answered: nothing changes the weights under a walk.
 
-Before a turn the thread waits up to ``batch_window_ms`` for more requests to arrive, until the batch is as large
-as the last one was (at least two): requests sent together a few milliseconds apart run as one batch, and a lone
-client's request waits at most the window.
+When the engine is idle it waits up to ``batch_window_ms`` after a request arrives for more, until as many are
+queued as it last admitted together (at least two), so requests sent a few milliseconds apart share their prefill.
 ``max_batch=1`` runs every request alone, in order of arrival, as the server did with a lock.
 """
 
@@ -21,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from halo_agent.policies.hf_policy import ChoiceRequest, LocalChatModel
+from halo_agent.policies.hf_policy import ChoiceJob, ChoiceRequest, LocalChatModel
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +36,11 @@ class _Work:
 
 
 class EngineLoop:
-    """Runs ``engine``'s work on one thread, batching guided choices that arrive together; ``stop()`` ends it.
+    """Runs ``engine``'s work on one thread, the guided choices continuously batched; ``stop()`` ends it.
 
-    ``stats``: ``batches`` (engine turns), ``requests``, ``batched_requests`` (those that ran in a turn with
-    others), ``largest_batch``, ``busy_seconds``.
+    ``stats``: ``batches`` (engine turns), ``requests``, ``batched_requests`` (those that shared a forward with
+    another request), ``largest_batch`` (the most requests one forward served), ``walk_forwards`` and
+    ``walk_rows`` (forwards that advanced choice walks, and the walks they advanced); ``busy_seconds``.
     """
 
     def __init__(self, engine: LocalChatModel, batch_window_ms: float = 10.0, max_batch: int = 8) -> None:
@@ -46,7 +49,8 @@ class EngineLoop:
         self.engine = engine
         self.batch_window = batch_window_ms / 1000.0
         self.max_batch = max_batch
-        self.stats = collections.Counter({"batches": 0, "requests": 0, "batched_requests": 0, "largest_batch": 0})
+        self.stats = collections.Counter({"batches": 0, "requests": 0, "batched_requests": 0, "largest_batch": 0,
+                                          "walk_forwards": 0, "walk_rows": 0})
         self.busy_seconds = 0.0
         self._queue: collections.deque[_Work] = collections.deque()
         self._ready = threading.Condition()
@@ -60,12 +64,12 @@ class EngineLoop:
         return self._submit(_Work(request, None))
 
     def call(self, function: Callable[[], Any]) -> Any:
-        """``function()``, run on the engine thread between batches."""
+        """``function()``, run on the engine thread once the requests before it are answered."""
         return self._submit(_Work(None, function))
 
     @property
     def queued(self) -> int:
-        """Requests waiting for the engine."""
+        """Requests waiting to be admitted."""
         with self._ready:
             return len(self._queue)
 
@@ -83,50 +87,87 @@ class EngineLoop:
             self._ready.notify_all()
         return work.future.result()
 
-    def _take(self) -> list[_Work] | None:
-        """The next batch: what is queued, after waiting the window where others are being served."""
+    def _take(self, active: int) -> list[_Work] | None:
+        """What to admit this turn: the guided choices at the head of the queue, while fewer than ``max_batch``
+        are in progress; or, with none in progress, one call at the head. Idle, it waits for work, then the window."""
         with self._ready:
-            while not self._queue and not self._stopped:
-                self._ready.wait()
+            if not active:
+                while not self._queue and not self._stopped:
+                    self._ready.wait()
+                if not self._stopped and self.max_batch > 1:
+                    deadline = time.monotonic() + self.batch_window
+                    want = min(self.max_batch, max(2, self._last_size))
+                    while len(self._queue) < want and not self._stopped:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._ready.wait(left)
             if self._stopped:
                 return None
-            if self.max_batch > 1:
-                deadline = time.monotonic() + self.batch_window
-                want = min(self.max_batch, max(2, self._last_size))
-                while len(self._queue) < want and not self._stopped:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._ready.wait(left)
-            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-            return batch
+            if not active and self._queue and self._queue[0].call is not None:
+                return [self._queue.popleft()]
+            taken = []
+            while self._queue and self._queue[0].choice is not None and active + len(taken) < self.max_batch:
+                taken.append(self._queue.popleft())
+            if taken:
+                self._last_size = len(taken)
+            return taken
 
     def _run(self) -> None:
-        while (batch := self._take()) is not None:
+        active: list[tuple[_Work, ChoiceJob]] = []
+        while (taken := self._take(len(active))) is not None:
             started = time.perf_counter()
-            choices = [w for w in batch if w.choice is not None]
-            if choices:
+            counts: collections.Counter = collections.Counter()
+            if taken and taken[0].call is not None:
+                work = taken[0]
                 try:
-                    answers = self.engine.choose_many([w.choice for w in choices])
-                except Exception as e:  # noqa: BLE001 (every request of the batch fails with it)
-                    answers = [e] * len(choices)
-                for work, answer in zip(choices, answers):
-                    _settle(work.future, answer)
-            for work in batch:
-                if work.call is not None:
-                    try:
-                        work.future.set_result(work.call())
-                    except Exception as e:  # noqa: BLE001 (the request's own failure, answered to it)
-                        work.future.set_exception(e)
+                    work.future.set_result(work.call())
+                except Exception as e:  # noqa: BLE001 (the request's own failure, answered to it)
+                    work.future.set_exception(e)
+                counts.update(requests=1)
+            else:
+                if taken:
+                    jobs = self._guarded(lambda: self.engine.start_choices([w.choice for w in taken]), [w.choice for w in taken])
+                    active += zip(taken, jobs)
+                    counts.update(requests=len(taken))
+                    together = collections.Counter(job.adapter for job in jobs if job.batched)  # prefilled as one batch
+                    self.stats["largest_batch"] = max([self.stats["largest_batch"], 1, *together.values()])
+                stepping = [job for _, job in active if not job.done]
+                if stepping:
+                    sizes = self._guarded(lambda: self.engine.step_choices(stepping), stepping)
+                    counts.update(walk_forwards=len(sizes), walk_rows=sum(sizes))
+                    self.stats["largest_batch"] = max([self.stats["largest_batch"], *sizes])
+                still = []
+                for work, job in active:
+                    if job.done:
+                        counts.update(batched_requests=int(job.batched))
+                        _settle(work.future, job.answer)
+                    else:
+                        still.append((work, job))
+                active = still
             with self._ready:
-                self._last_size = len(batch)
                 self.busy_seconds += time.perf_counter() - started
-                self.stats.update({"batches": 1, "requests": len(batch), "batched_requests": len(batch) if len(batch) > 1 else 0})
-                self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
+                self.stats.update(batches=1, **counts)
         with self._ready:
+            for work, _ in active:
+                work.future.set_exception(RuntimeError("the engine has stopped"))
             for work in self._queue:
                 work.future.set_exception(RuntimeError("the engine has stopped"))
             self._queue.clear()
+
+    @staticmethod
+    def _guarded(step: Callable[[], Any], requests: list[Any]) -> Any:
+        """``step()``. Where the engine itself fails (not one request's draw), every request it was for fails with
+        the error: those admitted (``requests``: their ``ChoiceRequest``) get answered jobs, those in progress
+        (``requests``: their ``ChoiceJob``) are answered; no request is left waiting."""
+        try:
+            return step()
+        except Exception as e:  # noqa: BLE001
+            log.exception("the engine failed a turn")
+            jobs = [r if isinstance(r, ChoiceJob) else ChoiceJob(r) for r in requests]
+            for job in jobs:
+                job.answer, job.done, job.need = e, True, None
+            return [] if requests and isinstance(requests[0], ChoiceJob) else jobs
 
 
 def _settle(future: concurrent.futures.Future, answer: Any) -> None:

@@ -1,4 +1,4 @@
-"""The chat server batches requests that arrive together: each answer equals the answer to the same request sent
+"""The chat server batches guided choices continuously: each answer equals the answer to the same request sent
 alone to a server that runs every request alone (same seed, same draw; logprobs within 1e-5)."""
 
 from __future__ import annotations
@@ -94,8 +94,12 @@ def test_concurrent_requests_run_as_one_batch_and_answer_as_alone(servers):
     holding = threading.Thread(target=batching.loop.call, args=(hold,))
     holding.start()
     holding_engine.wait()
+    choices, plain = REQUESTS[:-1], REQUESTS[-1]
     with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
-        futures = [pool.submit(post, batching, body) for body in REQUESTS]
+        futures = [pool.submit(post, batching, body) for body in choices]
+        while batching.loop.queued < len(choices):
+            release.wait(0.01)
+        futures.append(pool.submit(post, batching, plain))  # queued last: it runs alone once the choices are answered
         while batching.loop.queued < len(REQUESTS):
             release.wait(0.01)
         release.set()
@@ -104,14 +108,39 @@ def test_concurrent_requests_run_as_one_batch_and_answer_as_alone(servers):
     for got, want in zip(answers, expected):
         assert_same(got, want)
     after = metrics(batching)
-    assert after["halo_chat_largest_batch"] == len(REQUESTS)
-    assert after["halo_chat_batched_requests_total"] - before["halo_chat_batched_requests_total"] == len(REQUESTS)
-    # The base model's four prompts in one forward, the adapter's two in another.
-    assert after["halo_chat_batched_prefills_total"] - before["halo_chat_batched_prefills_total"] == 2
-    assert after["halo_chat_batched_prefill_prompts_total"] - before["halo_chat_batched_prefill_prompts_total"] == 6
-    assert metrics(alone)["halo_chat_largest_batch"] == 1
+    delta = {name: after[name] - before[name] for name in after}
+    # The base model's four prompts prefilled in one forward, the adapter's two in another; then each forward
+    # advanced every walk in progress of one adapter: the four base walks in the first.
+    assert delta["halo_chat_batched_prefills_total"] == 2 and delta["halo_chat_batched_prefill_prompts_total"] == 6
+    assert after["halo_chat_largest_batch"] == 4
+    assert delta["halo_chat_batched_requests_total"] == len(choices)
+    assert delta["halo_chat_walk_rows_total"] > delta["halo_chat_walk_forwards_total"] > 0
+    assert metrics(alone)["halo_chat_largest_batch"] == 1 and metrics(alone)["halo_chat_batched_requests_total"] == 0
     # Sent again alone, each answer is the same (its prompt now a cache hit).
     assert_same(post(batching, REQUESTS[1]), expected[1])
+
+
+def test_a_request_joins_the_walks_in_progress_and_answers_as_alone(tiny_lora_models):
+    """Continuous batching at the engine: a request admitted while another's walk is part way joins its next
+    forward, and both answer as they do alone."""
+    engine = LocalChatModel(tiny_lora_models[0], device="cpu")
+    first = ChoiceRequest(page("[12] button 'Submit'\n[13] link 'Tab #2'"), CHOICES, n=2, temperature=1.0, seed=11)
+    second = ChoiceRequest(page("[40] link 'Next page'"), CHOICES, n=2, temperature=1.0, seed=12, top_logprobs=2)
+    alone = [engine.choose_many([request])[0] for request in (first, second)]
+    engine.prompt_cache.clear()
+    jobs = engine.start_choices([first])
+    assert engine.step_choices(jobs) == [1] and not jobs[0].done
+    jobs += engine.start_choices([second])
+    sizes = []
+    while active := [job for job in jobs if not job.done]:
+        sizes += engine.step_choices(active)
+    assert sizes[0] == 2  # the second's first forward shared the first's
+    for job, want in zip(jobs, alone):
+        got = job.answer
+        assert [g.token_ids for g in got.generations] == [g.token_ids for g in want.generations]
+        for g, w in zip(got.generations, want.generations):
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+            assert [[t for t, _ in row] for row in g.top_logprobs or []] == [[t for t, _ in row] for row in w.top_logprobs or []]
 
 
 def test_batched_prefill_stores_each_prompt_as_prefilled_alone(tiny_lora_models):

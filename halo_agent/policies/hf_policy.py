@@ -33,13 +33,13 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
 from halo_agent.policies.guided_choice import (ChoiceMask, greedy_masked_choice, masked_choice_logprobs,  # noqa: F401
                                                masked_token_logprobs, sequence_token_logprobs)
-from halo_agent.policies.prefix_cache import ChoiceWalk, Prefilled, PromptCache, score_choices
+from halo_agent.policies.prefix_cache import ChoiceWalk, Prefilled, PromptCache, advance_walks, score_choices
 from halo_agent.types import Observation, PolicyOutput
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,28 @@ class GenerationBatch:
     generations: list[Generation]
     prompt_tokens: int
     prompt_token_ids: list[int] | None = None
+
+
+class ChoiceJob:
+    """A guided choice in progress (:meth:`LocalChatModel.start_choices`): ``need``, the (walk, prefix) whose
+    log-probabilities its draw waits for; once ``done``, ``answer``, its ``GenerationBatch`` or the exception it
+    raised. ``batched``: it shared a forward with another request."""
+
+    def __init__(self, request: ChoiceRequest) -> None:
+        self.request, self.adapter = request, request.adapter
+        self.steps: Generator[tuple[ChoiceWalk, tuple[int, ...]], None, GenerationBatch] | None = None
+        self.need: tuple[ChoiceWalk, tuple[int, ...]] | None = None
+        self.answer: GenerationBatch | Exception | None = None
+        self.done = self.batched = False
+
+    def advance(self) -> None:
+        """Run the draw on to its next forward, or to its answer."""
+        try:
+            self.need = next(self.steps)
+        except StopIteration as finished:
+            self.need, self.answer, self.done = None, finished.value, True
+        except Exception as e:  # noqa: BLE001 (the request's own failure is its answer)
+            self.need, self.answer, self.done = None, e, True
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
@@ -191,7 +213,7 @@ class LocalChatModel:
         self.adapter_names: list[str] = []
         self.adapter_paths: dict[str, str] = {}
         self.model = model.to(self.device).eval()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # choose_many holds it across start_choices and step_choices
         self.eos_token_ids = self._eos_ids()
         # The folder's generation config is kept for the record and never applied: generate() starts from a blank
         # one (its stop tokens only) and passes NEUTRAL_SAMPLING, so no default of the model shapes a draw.
@@ -422,30 +444,41 @@ class LocalChatModel:
         return answer
 
     def choose_many(self, requests: Sequence[ChoiceRequest]) -> list[GenerationBatch | Exception]:
-        """Several guided choices, each answered as ``choose`` answers it alone (the same draw for the same seed),
-        or the exception it raised. Under ``score_mode="cached"`` the prompts not cached yet are prefilled as one
-        batch per adapter (:meth:`PromptCache.prefill_many`); the choice walks then run one request after another."""
+        """Several guided choices, each answered as ``choose`` answers it alone (the same draw for the same seed,
+        logprobs within float rounding), or the exception it raised: :meth:`start_choices`, then
+        :meth:`step_choices` until every one is answered, the engine held throughout."""
+        with self._lock:
+            jobs = self.start_choices(requests)
+            while active := [job for job in jobs if not job.done]:
+                self.step_choices(active)
+        return [job.answer for job in jobs]  # type: ignore[misc]
+
+    def start_choices(self, requests: Sequence[ChoiceRequest]) -> list[ChoiceJob]:
+        """A :class:`ChoiceJob` for each request, advanced to its first forward of a choice walk (or answered).
+        Under ``score_mode="cached"`` the prompts not cached yet are prefilled as one batch per adapter
+        (:meth:`PromptCache.prefill_many`)."""
         import torch
 
-        answers: list[GenerationBatch | Exception | None] = [None] * len(requests)
+        jobs = [ChoiceJob(request) for request in requests]
         prompts: list[list[int]] = []
-        for i, request in enumerate(requests):
+        for job in jobs:
             try:
-                if not request.choices:
+                if not job.request.choices:
                     raise ValueError("choices must not be empty")
-                prompts.append(self.chat_prompt(request.messages)[0])
+                prompts.append(self.chat_prompt(job.request.messages)[0])
             except Exception as e:  # noqa: BLE001 (a request's own failure is its answer)
-                answers[i], prompts = e, prompts + [[]]
+                job.answer, job.done, prompts = e, True, prompts + [[]]
         cached = self.score_mode == "cached" and self.processor is None
         with self._lock:
             roots: dict[int, Prefilled] = {}
             groups: dict[str | None, list[int]] = {}
-            for i, request in enumerate(requests):
-                if cached and answers[i] is None and (request.adapter is None or request.adapter in self.adapter_names):
-                    groups.setdefault(request.adapter, []).append(i)
+            for i, job in enumerate(jobs):
+                if cached and not job.done and (job.adapter is None or job.adapter in self.adapter_names):
+                    groups.setdefault(job.adapter, []).append(i)
             for adapter, members in groups.items():
                 if len(members) < 2:
                     continue
+                before = self.prompt_cache.batched_prefills
                 try:
                     with torch.inference_mode(), self._adapter_context(adapter):
                         filled = self.prompt_cache.prefill_many(self.model, [prompts[i] for i in members], adapter, self.device)
@@ -453,16 +486,45 @@ class LocalChatModel:
                     log.exception("a batched prefill failed; prefilling its prompts one by one")
                     continue
                 roots.update(zip(members, filled))
-            for i, request in enumerate(requests):
-                if answers[i] is None:
-                    try:
-                        answers[i] = self._choose(request, prompts[i], roots.get(i))
-                    except Exception as e:  # noqa: BLE001
-                        answers[i] = e
-        return answers  # type: ignore[return-value]
+                for i in members:  # in a forward with others, unless all but one prompt were cached
+                    jobs[i].batched = self.prompt_cache.batched_prefills > before
+            for i, job in enumerate(jobs):
+                if not job.done:
+                    job.steps = self._choice_steps(job.request, prompts[i], roots.get(i))
+                    with torch.inference_mode(), self._adapter_context(job.adapter):
+                        job.advance()
+        return jobs
 
-    def _choose(self, request: ChoiceRequest, prompt_ids: list[int], root: Prefilled | None) -> GenerationBatch:
-        """One guided choice (the engine's lock held), continuing from ``root``, its prompt's cache, where given."""
+    def step_choices(self, jobs: Sequence[ChoiceJob]) -> list[int]:
+        """Advance every unanswered job one forward: the walks of one adapter together (:func:`advance_walks`), each
+        job then drawn on to its next forward or its answer. Returns how many jobs each forward advanced."""
+        import torch
+
+        groups: dict[str | None, list[ChoiceJob]] = {}
+        for job in jobs:
+            if not job.done:
+                groups.setdefault(job.adapter, []).append(job)
+        sizes = []
+        with self._lock:
+            for adapter, members in groups.items():
+                with torch.inference_mode(), self._adapter_context(adapter):
+                    try:
+                        advance_walks(self.model, [job.need for job in members], self.device)
+                    except Exception as e:  # noqa: BLE001 (every job of the forward fails with it)
+                        for job in members:
+                            job.answer, job.done = e, True
+                        continue
+                    sizes.append(len(members))
+                    for job in members:
+                        job.batched = job.batched or len(members) > 1
+                        job.advance()
+        return sizes
+
+    def _choice_steps(self, request: ChoiceRequest, prompt_ids: list[int], root: Prefilled | None) -> Generator[tuple[ChoiceWalk, tuple[int, ...]], None, GenerationBatch]:
+        """One guided choice as a generator, continuing from ``root``, its prompt's cache, where given: it yields
+        each (walk, prefix) whose log-probabilities the masked draw needs next, and returns the answer. Each resume
+        runs with the engine's lock held, under inference mode and the request's adapter (no context spans a yield:
+        other requests' forwards run between them)."""
         import torch
 
         choices, n, temperature, seed, adapter, top_logprobs = (request.choices, request.n, request.temperature, request.seed,
@@ -475,30 +537,33 @@ class LocalChatModel:
         self._check_adapter(adapter)
         if self.choice_draw == "token":
             mask = ChoiceMask(self.tokenizer, choices, eos)
-            with torch.inference_mode(), self._adapter_context(adapter):
-                if root is None:  # full: the whole prompt afresh, nothing kept
-                    root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device)
-                walk = ChoiceWalk(self.model, root, mask)
-                if temperature > 0:
-                    picks = [walk.draw(float(temperature), generator) for _ in range(int(n))]
-                else:
-                    picks = [walk.draw(0.0)] * int(n)
-                # vLLM applies the grammar's mask to the logits before its sampler: processed logprobs are the masked
-                # distribution at the temperature, raw ones the masked distribution at temperature 1.
-                scale = 1.0 if self.logprobs_mode == "raw_logprobs" else reported_temperature
-                along = {path: walk.token_logprobs(path, scale) for path in set(picks)}
+            if root is None:  # full: the whole prompt afresh, nothing kept
+                root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device)
+            walk = ChoiceWalk(self.model, root, mask)
+            picks = []
+            for _ in range(int(n) if temperature > 0 else 1):
+                steps = walk.steps(float(temperature), generator)
+                try:
+                    while True:
+                        yield walk, next(steps)
+                except StopIteration as done:
+                    picks.append(done.value)
+            picks = picks * int(n) if temperature <= 0 else picks
+            # vLLM applies the grammar's mask to the logits before its sampler: processed logprobs are the masked
+            # distribution at the temperature, raw ones the masked distribution at temperature 1.
+            scale = 1.0 if self.logprobs_mode == "raw_logprobs" else reported_temperature
+            along = {path: walk.token_logprobs(path, scale) for path in set(picks)}
             generations = [self._generation(choices[mask.choice_index(path)], list(path), along[path][0], "stop",
                                             _top_of(along[path][1], top_logprobs), draw) for path in picks]
             return GenerationBatch(generations=generations, prompt_tokens=len(prompt_ids), prompt_token_ids=prompt_ids)
         # The whole-sequence draw: each choice's own tokenisation, then EOS, scored after the prompt.
         completions = [list(self.tokenizer(c, add_special_tokens=False)["input_ids"]) + [eos] for c in choices]
-        with torch.inference_mode(), self._adapter_context(adapter):
-            if cached:
-                if root is None:
-                    root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
-                token_logprobs = score_choices(self.model, root, completions, self._pad_id())
-            else:
-                token_logprobs = self._score(prompt_ids, completions)
+        if cached:
+            if root is None:
+                root = self.prompt_cache.prefill(self.model, prompt_ids, adapter, self.device)
+            token_logprobs = score_choices(self.model, root, completions, self._pad_id())
+        else:
+            token_logprobs = self._score(prompt_ids, completions)
         if temperature > 0:
             scores = [sum(lps) / float(temperature) for lps in token_logprobs]
             probs = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)

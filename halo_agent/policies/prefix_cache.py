@@ -8,7 +8,9 @@ prefilled only from where the two part, as vLLM's automatic prefix caching does.
 choice), token by token, continuing from the prompt's cache: where more than one token is allowed it needs the
 model's distribution there, which one forward of the tokens since the last place computed gives; a forced
 token needs nothing. So a draw costs the prompt's (cached) prefill and
-a forward of the drawn path, not one of every choice. ``score_choices`` scores every choice's tokens as one
+a forward of the drawn path, not one of every choice. ``ChoiceWalk.steps`` is the same draw as a generator that
+says which log-probabilities it needs: :func:`advance_walks` computes those of several walks (several requests)
+in one forward, as a continuous-batching engine's decode step does. ``score_choices`` scores every choice's tokens as one
 batch continuing from the cache (the whole-sequence draw needs them all).
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 from halo_agent.policies.guided_choice import Prefix, log_normaliser
 
@@ -117,50 +119,18 @@ class PromptCache:
         return (best, shared) if shared else (None, 0)
 
     def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str) -> list[Prefilled]:
-        """``prefill`` of several prompts under one adapter, what each needs fed as one batch: each continues from
-        its own longest cached prefix (the caches left-padded to one length and masked there, its tokens at their
-        own positions), the fed tokens right-padded and masked. Each prompt's cache and next-token log-probabilities
-        are stored as ``prefill`` alone would store them (equal within float rounding)."""
-        import torch
-
+        """``prefill`` of several prompts under one adapter, what each needs fed as one batch
+        (:func:`forward_padded`: each continues from its own longest cached prefix). Each prompt's cache and
+        next-token log-probabilities are stored as ``prefill`` alone would store them (equal within float rounding)."""
         keys = [tuple(int(t) for t in p) for p in prompts]
         fresh = [ids for ids in dict.fromkeys(keys) if (adapter, ids) not in self._entries]
         if len(fresh) < 2:
             return [self.prefill(model, ids, adapter, device) for ids in keys]
         plans = [(ids, *self._nearest(adapter, ids)) for ids in fresh]  # (ids, the cache it continues from, its length)
-        cached = max(shared for _, _, shared in plans)
-        fed = max(len(ids) - shared for ids, _, shared in plans)
-        pad = keys[0][0]  # any token: padded places are masked and cut away
-        input_ids = torch.tensor([list(ids[shared:]) + [pad] * (fed - len(ids) + shared) for ids, _, shared in plans], device=device)
-        mask = torch.tensor([[0] * (cached - shared) + [1] * len(ids) + [0] * (fed - len(ids) + shared)
-                             for ids, _, shared in plans], device=device)
-        positions = torch.stack([torch.arange(shared, shared + fed, device=device) for _, _, shared in plans])
-        last = torch.tensor([len(ids) - shared - 1 for ids, _, shared in plans], device=device)
-        kwargs: dict[str, Any] = {}
-        if cached:
-            from transformers import DynamicCache
-
-            template = next(start for _, start, _ in plans if start is not None).layers
-            layers = []
-            for layer, pair in enumerate(template):
-                padded = []
-                for which, like in enumerate(pair):
-                    block = like.new_zeros(len(plans), like.shape[1], cached, like.shape[3])
-                    for i, (_, start, shared) in enumerate(plans):
-                        if start is not None:
-                            block[i, :, cached - shared:] = start.layers[layer][which][0, :, :shared]
-                    padded.append(block)
-                layers.append(tuple(padded))
-            kwargs["cache"] = DynamicCache(layers)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=last, **kwargs)
-        logits = out.logits[torch.arange(len(plans)), torch.arange(len(plans))]  # row i at its own last position
         done = {}
-        for i, (ids, _, shared) in enumerate(plans):
-            start = cached - shared
-            layers = [(k[i:i + 1, :, start:start + len(ids)].clone(), v[i:i + 1, :, start:start + len(ids)].clone())
-                      for k, v in _layers(out.cache)]
-            done[ids] = Prefilled(ids, layers, logits[i].float().log_softmax(dim=-1))
+        for (ids, _, shared), (layers, logprobs) in zip(plans, forward_padded(model, plans, device, every_position=False)):
+            # Stored for later prompts: copies, so the batch's own tensors are freed.
+            done[ids] = Prefilled(ids, [(k.clone(), v.clone()) for k, v in layers], logprobs)
             self.tokens_reused += shared
             self.tokens_prefilled += len(ids) - shared
             self._entries[(adapter, ids)] = done[ids]
@@ -169,6 +139,57 @@ class PromptCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
         return [done[ids] if ids in done else self.prefill(model, ids, adapter, device) for ids in keys]
+
+
+Plan = tuple[tuple[int, ...], "Prefilled | None", int]  # token ids, the cache they continue from (or none), its length
+
+
+def forward_padded(model: Any, plans: Sequence[Plan], device: str, every_position: bool) -> list[tuple[list[tuple[Any, Any]], Any]]:
+    """One forward feeding each plan's ``ids[shared:]`` after the first ``shared`` tokens of its own cache: the caches
+    left-padded to one length and masked there, each row's tokens at their own positions, the fed tokens
+    right-padded and masked. Per plan: its ``ids``' cache, one (keys, values) pair a layer of shape
+    (1, heads, len(ids), dim) (views of the batch's tensors), and the log-probabilities after its last fed token
+    (``every_position=False``, shape (vocab,)) or after each (shape (fed, vocab)). Equal within float rounding to
+    feeding each plan alone (:func:`extend`)."""
+    import torch
+
+    cached = max(shared for _, _, shared in plans)
+    fed = max(len(ids) - shared for ids, _, shared in plans)
+    pad = plans[0][0][0]  # any token: padded places are masked and cut away
+    input_ids = torch.tensor([list(ids[shared:]) + [pad] * (fed - len(ids) + shared) for ids, _, shared in plans], device=device)
+    mask = torch.tensor([[0] * (cached - shared) + [1] * len(ids) + [0] * (fed - len(ids) + shared)
+                         for ids, _, shared in plans], device=device)
+    positions = torch.stack([torch.arange(shared, shared + fed, device=device) for _, _, shared in plans])
+    kwargs: dict[str, Any] = {}
+    if cached:
+        from transformers import DynamicCache
+
+        template = next(start for _, start, _ in plans if start is not None).layers
+        layers = []
+        for layer, pair in enumerate(template):
+            padded = []
+            for which, like in enumerate(pair):
+                block = like.new_zeros(len(plans), like.shape[1], cached, like.shape[3])
+                for i, (_, start, shared) in enumerate(plans):
+                    if start is not None and shared:
+                        block[i, :, cached - shared:] = start.layers[layer][which][0, :, :shared]
+                padded.append(block)
+            layers.append(tuple(padded))
+        kwargs["cache"] = DynamicCache(layers)
+    if every_position:
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=0, **kwargs)
+        logits = [out.logits[i, :len(ids) - shared] for i, (ids, _, shared) in enumerate(plans)]
+    else:
+        last = torch.tensor([len(ids) - shared - 1 for ids, _, shared in plans], device=device)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=last, **kwargs)
+        logits = list(out.logits[torch.arange(len(plans)), torch.arange(len(plans))])  # row i at its own last position
+    rows = []
+    for i, (ids, _, shared) in enumerate(plans):
+        start = cached - shared
+        rows.append(([(k[i:i + 1, :, start:start + len(ids)], v[i:i + 1, :, start:start + len(ids)]) for k, v in _layers(out.cache)],
+                     logits[i].float().log_softmax(dim=-1)))
+    return rows
 
 
 class ChoiceWalk:
@@ -186,20 +207,28 @@ class ChoiceWalk:
     def logprobs(self, prefix: Prefix) -> Any:
         """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
         if prefix not in self._logprobs:
-            start, shared = max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
-                                key=lambda item: item[1], default=(self.root, 0))
+            start, shared = self._nearest(prefix)
             prompt = len(self.root.ids)
-            prefilled, rows = extend(self.model, start, prompt + shared, self.root.ids + prefix)
-            self._caches[prefix] = prefilled
-            while len(self._caches) > self.kept_caches:
-                self._caches.popitem(last=False)
-            for k in range(len(rows)):
-                self._logprobs[prefix[:shared + k + 1]] = rows[k]
+            self._record(prefix, shared, *extend(self.model, start, prompt + shared, self.root.ids + prefix))
         return self._logprobs[prefix]
 
-    def draw(self, temperature: float, generator: Any = None) -> Prefix:
-        """One path of token ids (EOS last): at each step a token from the allowed ones' renormalised distribution
-        at ``temperature`` (0: the most likely, the lowest id of equals); a lone allowed token is forced."""
+    def _nearest(self, prefix: Prefix) -> tuple[Prefilled, int]:
+        """The kept cache sharing the longest part of ``prefix`` (the prompt's where none does), and that length."""
+        return max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
+                   key=lambda item: item[1], default=(self.root, 0))
+
+    def _record(self, prefix: Prefix, shared: int, prefilled: Prefilled, rows: Any) -> None:
+        """Keep the cache a forward ended at, and the log-probabilities after each token it fed (from ``shared`` on)."""
+        self._caches[prefix] = prefilled
+        while len(self._caches) > self.kept_caches:
+            self._caches.popitem(last=False)
+        for k in range(len(rows)):
+            self._logprobs[prefix[:shared + k + 1]] = rows[k]
+
+    def steps(self, temperature: float, generator: Any = None) -> Generator[Prefix, None, Prefix]:
+        """``draw`` as a generator: it yields each prefix whose log-probabilities it needs and does not have, to be
+        computed (``logprobs``, or :func:`advance_walks` with other walks' in one forward) before it is resumed,
+        and returns the path. Its random draws are the same whichever computes them."""
         import torch
 
         prefix: Prefix = ()
@@ -210,13 +239,25 @@ class ChoiceWalk:
             if len(allowed) == 1:
                 prefix += (allowed[0],)
                 continue
-            values = self.logprobs(prefix)[allowed].double()
+            if prefix not in self._logprobs:
+                yield prefix
+            values = self._logprobs[prefix][allowed].double()
             if temperature > 0:
                 pick = int(torch.multinomial(torch.softmax(values / temperature, dim=0), 1, generator=generator))
             else:
                 pick = max(range(len(allowed)), key=lambda k: float(values[k]))  # max keeps the first of equals
             prefix += (allowed[pick],)
         return prefix
+
+    def draw(self, temperature: float, generator: Any = None) -> Prefix:
+        """One path of token ids (EOS last): at each step a token from the allowed ones' renormalised distribution
+        at ``temperature`` (0: the most likely, the lowest id of equals); a lone allowed token is forced."""
+        steps = self.steps(temperature, generator)
+        try:
+            while True:
+                self.logprobs(next(steps))
+        except StopIteration as done:
+            return done.value
 
     def token_logprobs(self, path: Sequence[int], temperature: float) -> tuple[list[float], list[dict[int, float]]]:
         """Along ``path``: each token's logprob under the mask at ``temperature`` (its share of the allowed tokens'
@@ -235,6 +276,22 @@ class ChoiceWalk:
             values.append(at[token])
             allowed_values.append(at)
         return values, allowed_values
+
+
+def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device: str) -> None:
+    """The log-probabilities each walk needs after its prefix, every walk's from its nearest cache, as one forward
+    (:func:`forward_padded`): continuous batching's decode step. One need alone is ``ChoiceWalk.logprobs``."""
+    if len(needs) == 1:
+        walk, prefix = needs[0]
+        walk.logprobs(prefix)
+        return
+    plans, starts = [], []
+    for walk, prefix in needs:
+        start, shared = walk._nearest(prefix)
+        plans.append((walk.root.ids + prefix, start, len(walk.root.ids) + shared))
+        starts.append(shared)
+    for (walk, prefix), shared, (layers, rows) in zip(needs, starts, forward_padded(model, plans, device, every_position=True)):
+        walk._record(prefix, shared, Prefilled(walk.root.ids + prefix, layers, rows[-1]), rows)
 
 
 def score_choices(model: Any, root: Prefilled, completions: Sequence[Sequence[int]], pad: int, batch: int = 16) -> list[list[float]]:
