@@ -1,7 +1,7 @@
 """HALO's chat server serving constrained rollouts, two of its settings side by side, in steps per second:
 the scoring before (``--score-mode full``) against the cached one, or (``--compare batching``) rollouts with two
-workers against the server that batches requests arriving together and against the same server running each
-request alone (``--max-batch 1``).
+workers (``--workers``) against the server that batches guided choices continuously and against the same server
+running each request alone (``--max-batch 1``).
 
     .venv/bin/python -m bench serving                     # SmolLM2-135M-Instruct, click-button/tab/link, ~10 min on 2 cores
     .venv/bin/python -m bench serving --tasks click-button --task-seeds 1 --rollouts-per-task 1   # a quick look
@@ -222,12 +222,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="parallel rollout workers against each server (default: the comparison's, 1 or 2)")
     parser.add_argument("--no-save", action="store_true", help="print only; write no results file")
     args = parser.parse_args(argv)
     argv = sys.argv[2:] if argv is None else argv
 
     comparison = COMPARISONS[args.compare]
-    arm_options, workers = comparison["arms"], comparison["workers"]
+    arm_options, workers = comparison["arms"], args.workers or comparison["workers"]
     order = tuple(arm_options)  # the ratio is the second arm's steps/s over the first's
     work = Path(tempfile.mkdtemp(prefix="halo-bench-serving-"))
     servers = {arm: start_server(args.model, arm_options[arm], work / f"server-{arm}.log") for arm in order}
@@ -255,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                     "prefix_cache_hit_tokens": int(engine["halo_chat_prefix_cache_hit_tokens_total"]),
                     "batched_requests": int(engine.get("halo_chat_batched_requests_total", 0)),
                     "engine_batches": int(engine.get("halo_chat_engine_batches_total", 0)),
+                    "walk_forwards": int(engine.get("halo_chat_walk_forwards_total", 0)),
+                    "walk_rows": int(engine.get("halo_chat_walk_rows_total", 0)),
                     "client_latency_ms": client_latency_ms(work / f"lake-{arm}", f"{arm}-{task}"),
                     "workers": workers, "prefill_seconds": engine.get(PREFILL_METRIC, 0.0),
                     "round_trip_seconds": round_trips, "proxied_requests": proxied,
@@ -285,12 +289,14 @@ def main(argv: list[str] | None = None) -> None:
                      "prompt_tokens": sum(r["prompt_tokens"] for r in mine), "prefill_tokens": sum(r["prefill_tokens"] for r in mine),
                      "prefix_cache_hit_tokens": sum(r["prefix_cache_hit_tokens"] for r in mine),
                      "requests": sum(r["requests"] for r in mine), "batched_requests": sum(r["batched_requests"] for r in mine),
+                     "walks_per_forward": (sum(r.get("walk_rows", 0) for r in mine) / max(sum(r.get("walk_forwards", 0) for r in mine), 1)),
                      "server_options": arm_options[arm], "split_seconds_per_step": split(mine)}
     ratio = arms[order[1]]["steps_per_second"] / arms[order[0]]["steps_per_second"]
     for arm, a in arms.items():
         print(f"{arm:>6}: {a['steps']} steps in {a['wall_seconds']:.1f} s = {a['steps_per_second']:.2f} steps/s; per step "
               f"{a['engine_seconds_per_step']:.2f} s in the engine, {a['other_seconds_per_step']:.2f} s elsewhere; "
-              f"{a['successes']}/{a['episodes']} solved; {a['batched_requests']}/{a['requests']} requests batched with others")
+              f"{a['successes']}/{a['episodes']} solved; {a['batched_requests']}/{a['requests']} requests batched with others, "
+              f"{a['walks_per_forward']:.2f} walks per forward")
     for arm, a in arms.items():
         print(f"{arm:>6} per step: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in a["split_seconds_per_step"].items()))
     print(f"{order[1]} / {order[0]}: {ratio:.2f}x, rollouts with {workers} worker(s) "

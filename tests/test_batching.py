@@ -124,6 +124,7 @@ def test_a_request_joins_the_walks_in_progress_and_answers_as_alone(tiny_lora_mo
     """Continuous batching at the engine: a request admitted while another's walk is part way joins its next
     forward, and both answer as they do alone."""
     engine = LocalChatModel(tiny_lora_models[0], device="cpu")
+    engine.walk_batch_from = 2  # two walks in one forward (on a CPU the engine runs fewer than 3 one by one)
     first = ChoiceRequest(page("[12] button 'Submit'\n[13] link 'Tab #2'"), CHOICES, n=2, temperature=1.0, seed=11)
     second = ChoiceRequest(page("[40] link 'Next page'"), CHOICES, n=2, temperature=1.0, seed=12, top_logprobs=2)
     alone = [engine.choose_many([request])[0] for request in (first, second)]
@@ -176,3 +177,5 @@ def test_a_failing_request_fails_alone(tiny_lora_models):
 def test_batching_flags_are_checked(capsys):
     assert main(["--model", "unused", "--max-batch", "0"]) == 2
     assert capsys.readouterr().err.startswith("Error: --max-batch")
+    assert main(["--model", "unused", "--walk-batch-from", "1"]) == 2
+    assert capsys.readouterr().err == "Error: --walk-batch-from must be at least 2\n"

@@ -1,7 +1,7 @@
 """HALO's chat server on constrained rollouts (`python -m bench serving`): two of its settings side by side, in
 steps per second, and where a step's time goes: the cached scoring against the full one (one rollout worker),
-and (`--compare batching`) the server batching requests that arrive together against `--max-batch 1` (two
-rollout workers)."""
+and (`--compare batching`) the server batching requests against `--max-batch 1` (two rollout workers, or
+`--workers`). Walks per forward: the choice walks one engine forward advanced, on average (continuous batching)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 from bench.reports import load_runs, provenance, table
 
 HEADERS = ["server", "workers", "steps", "wall (s)", "steps/s", "ratio", "engine s/step", "other s/step",
-           "prompt tokens prefilled", "requests batched", "solved", "load", "command"]
+           "prompt tokens prefilled", "requests batched", "walks per forward", "solved", "load", "command"]
 SPLIT = ("engine_prefill", "engine_draw", "server_http_json", "policy_client", "browser", "lake", "other", "wall")
 SPLIT_HEADERS = ["prefill", "draw", "HTTP+JSON", "policy client", "browser", "lake", "other", "wall"]
 # Results written before the batching comparison existed compare the scorings.
@@ -31,7 +31,8 @@ def report(results_dir: pathlib.Path) -> str:
             rows.append([f"`{options}`" if options else "defaults (`--max-batch 8`)", run.get("workers", 1), a["steps"], round(a["wall_seconds"]),
                          round(a["steps_per_second"], 3), f"{names[1]} / {names[0]}: {run['ratio']:.2f}x",
                          round(a["engine_seconds_per_step"], 2), round(a["other_seconds_per_step"], 2),
-                         f"{prefilled:.0%}", batched, f"{a['successes']}/{a['episodes']}",
+                         f"{prefilled:.0%}", batched, round(a["walks_per_forward"], 2) if "walks_per_forward" in a else "–",
+                         f"{a['successes']}/{a['episodes']}",
                          f"{min(loads):.0f}–{max(loads):.0f}", f"`{run['command']}`"])
     out = table(HEADERS, rows) + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
     split_rows = []

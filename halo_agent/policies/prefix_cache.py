@@ -278,13 +278,14 @@ class ChoiceWalk:
         return values, allowed_values
 
 
-def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device: str) -> None:
+def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device: str, together_from: int = 2) -> list[int]:
     """The log-probabilities each walk needs after its prefix, every walk's from its nearest cache, as one forward
-    (:func:`forward_padded`): continuous batching's decode step. One need alone is ``ChoiceWalk.logprobs``."""
-    if len(needs) == 1:
-        walk, prefix = needs[0]
-        walk.logprobs(prefix)
-        return
+    (:func:`forward_padded`): continuous batching's decode step. Fewer than ``together_from`` needs run one
+    forward each (``ChoiceWalk.logprobs``). Returns the walks each forward advanced."""
+    if len(needs) < max(together_from, 2):
+        for walk, prefix in needs:
+            walk.logprobs(prefix)
+        return [1] * len(needs)
     plans, starts = [], []
     for walk, prefix in needs:
         start, shared = walk._nearest(prefix)
@@ -292,6 +293,7 @@ def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device
         starts.append(shared)
     for (walk, prefix), shared, (layers, rows) in zip(needs, starts, forward_padded(model, plans, device, every_position=True)):
         walk._record(prefix, shared, Prefilled(walk.root.ids + prefix, layers, rows[-1]), rows)
+    return [len(needs)]
 
 
 def score_choices(model: Any, root: Prefilled, completions: Sequence[Sequence[int]], pad: int, batch: int = 16) -> list[list[float]]:
