@@ -96,6 +96,7 @@ from halo_agent.engine_loop import EngineLoop
 from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupted
 from halo_agent.policies.hf_policy import (CHOICE_DRAWS, LOGPROBS_MODES, SCORE_MODES, AdapterNotFoundError, ChoiceRequest,
                                           LocalChatModel, ModelLoadError)
+from halo_agent.policies.linear_kernels import LINEAR_KERNELS
 
 log = logging.getLogger(__name__)
 
@@ -534,9 +535,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-window-ms", type=float, default=10.0, metavar="MS",
                         help="how long the idle engine waits after a request for more to be prefilled with it (it stops "
                              "waiting once as many are queued as it last admitted together)")
+    parser.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default="auto",
+                        help="the CPU kernel of the model's linear layers: onednn reads the weights once for every "
+                             "row of a batch; torch (MKL's sgemm) once per row below 4 rows (default auto: onednn "
+                             "where torch has it)")
     parser.add_argument("--walk-batch-from", type=int, default=None, metavar="N",
                         help="the fewest choice walks advanced in one padded forward; fewer run one forward each "
-                             "(default: 3 on a CPU, where a forward of 2 costs about two of 1; 2 on a GPU)")
+                             "(default: 2; 3 on a CPU with --linear-kernel torch, where a forward of 2 costs two of 1)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: HALO_CHAT_SERVER_KEY, else none)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="stop once this process (the one that started the server) has ended, however it ended")
@@ -568,13 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     def build() -> ChatCompletionServer:
         engine = LocalChatModel(args.model, adapters=adapters, device=args.device, choice_draw=args.choice_draw,
                                 logprobs_mode=args.logprobs_mode, score_mode=args.score_mode,
-                                prompt_cache_size=args.prompt_cache_size)
+                                prompt_cache_size=args.prompt_cache_size, linear_kernel=args.linear_kernel)
         if args.walk_batch_from is not None:
             engine.walk_batch_from = args.walk_batch_from
         import torch
 
-        log.info("scoring guided choices %s; %d torch threads, OMP_WAIT_POLICY=%s", args.score_mode,
-                 torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"))
+        log.info("scoring guided choices %s; linear layers on %s; %d torch threads, OMP_WAIT_POLICY=%s", args.score_mode,
+                 engine.linear_kernel, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"))
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,

@@ -124,7 +124,7 @@ def test_a_request_joins_the_walks_in_progress_and_answers_as_alone(tiny_lora_mo
     """Continuous batching at the engine: a request admitted while another's walk is part way joins its next
     forward, and both answer as they do alone."""
     engine = LocalChatModel(tiny_lora_models[0], device="cpu")
-    engine.walk_batch_from = 2  # two walks in one forward (on a CPU the engine runs fewer than 3 one by one)
+    engine.walk_batch_from = 2  # two walks in one forward, whichever linear kernel this torch has
     first = ChoiceRequest(page("[12] button 'Submit'\n[13] link 'Tab #2'"), CHOICES, n=2, temperature=1.0, seed=11)
     second = ChoiceRequest(page("[40] link 'Next page'"), CHOICES, n=2, temperature=1.0, seed=12, top_logprobs=2)
     alone = [engine.choose_many([request])[0] for request in (first, second)]
@@ -179,3 +179,24 @@ def test_batching_flags_are_checked(capsys):
     assert capsys.readouterr().err.startswith("Error: --max-batch")
     assert main(["--model", "unused", "--walk-batch-from", "1"]) == 2
     assert capsys.readouterr().err == "Error: --walk-batch-from must be at least 2\n"
+
+
+def test_onednn_linear_layers_answer_as_torch_s(tiny_lora_models):
+    """The served engine's linear layers on oneDNN (the CPU default) draw what torch's sgemm draws, logprobs within
+    float rounding, on the base model and through a LoRA adapter loaded on top."""
+    base, adapters = tiny_lora_models
+    engines = {kernel: LocalChatModel(base, adapters={"policy-1": adapters["policy-1"]}, device="cpu", linear_kernel=kernel)
+               for kernel in ("torch", "auto")}
+    assert engines["torch"].linear_kernel == "torch" and engines["torch"].walk_batch_from == 3
+    if engines["auto"].linear_kernel != "onednn":
+        pytest.skip("this torch build has no oneDNN linear")
+    assert engines["auto"].walk_batch_from == 2
+    for adapter in (None, "policy-1"):
+        request = ChoiceRequest(page("[12] button 'Submit'\n[13] link 'Tab #2'"), CHOICES, n=3, temperature=1.0, seed=4,
+                                adapter=adapter)
+        want, got = (engines[k].choose_many([request])[0] for k in ("torch", "auto"))
+        assert [g.token_ids for g in got.generations] == [g.token_ids for g in want.generations]
+        for g, w in zip(got.generations, want.generations):
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    with pytest.raises(ValueError, match="linear_kernel"):
+        LocalChatModel(base, device="cpu", linear_kernel="mkl")

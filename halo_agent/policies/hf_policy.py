@@ -39,6 +39,7 @@ from halo_agent.actions import parse_for_observation
 from halo_agent.models import ModelResolveError, resolve_model
 from halo_agent.policies.guided_choice import (ChoiceMask, greedy_masked_choice, masked_choice_logprobs,  # noqa: F401
                                                masked_token_logprobs, sequence_token_logprobs)
+from halo_agent.policies.linear_kernels import LINEAR_KERNELS, onednn_available, use_onednn_linear
 from halo_agent.policies.prefix_cache import ChoiceWalk, Prefilled, PromptCache, advance_walks, score_choices
 from halo_agent.types import Observation, PolicyOutput
 
@@ -169,6 +170,7 @@ class LocalChatModel:
         logprobs_mode: str = "processed_logprobs",
         score_mode: str = "cached",
         prompt_cache_size: int = 8,
+        linear_kernel: str = "auto",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -181,21 +183,17 @@ class LocalChatModel:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
+        if linear_kernel not in LINEAR_KERNELS:
+            raise ValueError(f"linear_kernel must be one of {', '.join(LINEAR_KERNELS)}, got {linear_kernel!r}")
         if score_mode not in SCORE_MODES:
             raise ValueError(f"score_mode must be one of {', '.join(SCORE_MODES)}, got {score_mode!r}")
         self.score_mode = score_mode
         self.prompt_cache = PromptCache(prompt_cache_size)
-        # The fewest walks advanced in one padded forward (fewer run one forward each). On a CPU, MKL's sgemm of 2
-        # or 3 rows costs about as many single-row products, while 4 to 8 rows cost little more than 2: a forward
-        # of 2 walks took 1.1x two alone, of 3 0.93x, of 4 0.6-0.7x, of 6 0.44x (SmolLM2-135M, 2 threads).
-        self.walk_batch_from = 3
         try:
             self.model_path = resolve_model(model_path)  # a known model's name → its converted folder
         except ModelResolveError as e:
             raise ModelLoadError(str(e)) from None
         self.device = resolve_device(device)
-        if self.device.startswith("cuda"):
-            self.walk_batch_from = 2
         if dtype in (None, "", "auto"):
             torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         else:
@@ -219,6 +217,19 @@ class LocalChatModel:
         self.adapter_names: list[str] = []
         self.adapter_paths: dict[str, str] = {}
         self.model = model.to(self.device).eval()
+        self.linear_kernel = "torch"
+        if self.device == "cpu" and linear_kernel != "torch" and (linear_kernel == "onednn" or onednn_available()):
+            try:
+                use_onednn_linear(self.model)
+                self.linear_kernel = "onednn"
+            except RuntimeError as e:
+                if linear_kernel == "onednn":
+                    raise ModelLoadError(f"--linear-kernel onednn: {e}") from None
+                log.warning("linear layers stay on torch's kernel: %s", e)
+        # The fewest choice walks advanced in one padded forward (fewer run one forward each). MKL's sgemm (torch's
+        # CPU linear) of 2 or 3 rows costs about as many single-row products: a forward of 2 walks took 1.1x two
+        # alone, of 3 0.93x, of 4 0.54x (SmolLM2-135M, 2 threads). oneDNN's and a GPU's pay from 2.
+        self.walk_batch_from = 3 if self.device == "cpu" and self.linear_kernel == "torch" else 2
         self._lock = threading.RLock()  # choose_many holds it across start_choices and step_choices
         self.eos_token_ids = self._eos_ids()
         # The folder's generation config is kept for the record and never applied: generate() starts from a blank
