@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generation-config", action="store_true",
                         help="serve a copy of the model whose generation_config.json sets Qwen2.5-Instruct's sampling defaults")
+    parser.add_argument("--linear-kernel", choices=("auto", "onednn", "torch"), default="auto",
+                        help="the chat server's CPU linear kernel (--engine server), as its --linear-kernel")
     parser.add_argument("--vllm-args", default="", help="more options for vllm serve, e.g. '--max-model-len 4096'")
     parser.add_argument("--out", default=None, help="where to write the JSON (default bench/results/ratios/)")
     args = parser.parse_args(argv)
@@ -172,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
             from halo_agent.chat_server import ChatCompletionServer
             from halo_agent.policies.hf_policy import LocalChatModel
 
-            with ChatCompletionServer(LocalChatModel(model, device="auto"), served_model_name="policy") as server:
+            engine = LocalChatModel(model, device="auto", linear_kernel=args.linear_kernel)
+            with ChatCompletionServer(engine, served_model_name="policy") as server:
                 rows = served_rows(server.url, "policy", args)
         else:
             import shlex
@@ -187,7 +190,13 @@ def main(argv: list[str] | None = None) -> None:
                 rows = served_rows(spec.url, model, args)
         collected = time.perf_counter() - started
         dtypes = ["float32"] + (["bfloat16"] if torch.cuda.is_available() else [])
+        import os
+
+        from bench.reports import head_commit
+
         result = {"engine": args.engine, "model": args.model or "tiny (built)", "generation_config": args.generation_config,
+                  "linear_kernel": engine.linear_kernel if args.engine == "server" else None, "commit": head_commit(),
+                  "load_average": round(os.getloadavg()[0], 1), "argv": sys.argv[1:] if argv is None else argv,
                   "temperature": args.temperature, "rows": len(rows), "collect_seconds": round(collected, 1),
                   "by_dtype": {d: score(model, rows, d) for d in dtypes}}
     text = json.dumps(result, indent=2)
