@@ -143,7 +143,8 @@ def with_generation_config(model: str, folder: Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench ratios", description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("server", "hf", "vllm"), default="server")
-    parser.add_argument("--model", default=None, help="a local model folder (default: a tiny model built in a temporary folder)")
+    parser.add_argument("--model", default=None, help="a local model folder or a known name such as smollm2-135m-instruct "
+                        "(default: a tiny model built in a temporary folder)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--n", type=int, default=4, help="samples per prompt at the temperature")
     parser.add_argument("--max-tokens", type=int, default=24)
@@ -163,8 +164,15 @@ def main(argv: list[str] | None = None) -> None:
             from halo_train.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
-        elif not Path(model).is_dir():
-            sys.exit(f"Error: --model {model} is not a folder: pass a local model folder (no hub downloads)")
+        else:
+            from halo_agent.models import ModelResolveError, resolve_model
+
+            try:
+                model = resolve_model(model)  # a known model's name (smollm2-135m-instruct) → its converted folder
+            except ModelResolveError as e:
+                sys.exit(f"Error: {e}")
+            if not Path(model).is_dir():
+                sys.exit(f"Error: --model {model} is not a folder: pass a local model folder or a known name (no hub downloads)")
         if args.generation_config:
             model = with_generation_config(model, Path(tmp) / "model")
         started = time.perf_counter()
