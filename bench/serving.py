@@ -1,7 +1,8 @@
 """HALO's chat server serving constrained rollouts, two of its settings side by side, in steps per second:
 the scoring before (``--score-mode full``) against the cached one, or (``--compare batching``) rollouts with two
 workers (``--workers``) against the server that batches guided choices continuously and against the same server
-running each request alone (``--max-batch 1``).
+running each request alone (``--max-batch 1``), or (``--compare kernel``) the model's linear layers on torch's
+kernel against oneDNN's (``--linear-kernel``).
 
     .venv/bin/python -m bench serving                     # SmolLM2-135M-Instruct, click-button/tab/link, ~10 min on 2 cores
     .venv/bin/python -m bench serving --tasks click-button --task-seeds 1 --rollouts-per-task 1   # a quick look
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPARISONS = {
     "scoring": {"arms": {"full": ["--score-mode", "full"], "cached": ["--score-mode", "cached"]}, "workers": 1},
     "batching": {"arms": {"max-batch-1": ["--max-batch", "1"], "batched": []}, "workers": 2},
+    "kernel": {"arms": {"torch": ["--linear-kernel", "torch"], "onednn": ["--linear-kernel", "onednn"]}, "workers": 2},
 }
 
 
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or known name")
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="scoring",
                         help="scoring: --score-mode full against cached, one rollout worker | batching: --max-batch 1 "
-                             "against the batching server, two rollout workers")
+                             "against the batching server, two rollout workers | kernel: the linear layers on torch's "
+                             "kernel against oneDNN, two rollout workers")
     parser.add_argument("--tasks", default="click-button,click-tab,click-link")
     parser.add_argument("--task-seed", type=int, default=200000)
     parser.add_argument("--task-seeds", type=int, default=2)
