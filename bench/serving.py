@@ -2,7 +2,8 @@
 the scoring before (``--score-mode full``) against the cached one, or (``--compare batching``) rollouts with two
 workers (``--workers``) against the server that batches guided choices continuously and against the same server
 running each request alone (``--max-batch 1``), or (``--compare kernel``) the model's linear layers on torch's
-kernel against oneDNN's (``--linear-kernel``).
+kernel against oneDNN's (``--linear-kernel``), or (``--compare threads``) the engine on two torch threads against
+one (``--threads``).
 
     .venv/bin/python -m bench serving                     # SmolLM2-135M-Instruct, click-button/tab/link, ~10 min on 2 cores
     .venv/bin/python -m bench serving --tasks click-button --task-seeds 1 --rollouts-per-task 1   # a quick look
@@ -38,6 +39,7 @@ COMPARISONS = {
     "scoring": {"arms": {"full": ["--score-mode", "full"], "cached": ["--score-mode", "cached"]}, "workers": 1},
     "batching": {"arms": {"max-batch-1": ["--max-batch", "1"], "batched": []}, "workers": 2},
     "kernel": {"arms": {"torch": ["--linear-kernel", "torch"], "onednn": ["--linear-kernel", "onednn"]}, "workers": 2},
+    "threads": {"arms": {"2-threads": ["--threads", "2"], "1-thread": ["--threads", "1"]}, "workers": 2},
 }
 
 
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="scoring",
                         help="scoring: --score-mode full against cached, one rollout worker | batching: --max-batch 1 "
                              "against the batching server, two rollout workers | kernel: the linear layers on torch's "
-                             "kernel against oneDNN, two rollout workers")
+                             "kernel against oneDNN, two rollout workers | threads: the engine on 2 torch threads "
+                             "against 1, two rollout workers")
     parser.add_argument("--tasks", default="click-button,click-tab,click-link")
     parser.add_argument("--task-seed", type=int, default=200000)
     parser.add_argument("--task-seeds", type=int, default=2)
