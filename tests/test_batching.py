@@ -200,3 +200,33 @@ def test_onednn_linear_layers_answer_as_torch_s(tiny_lora_models):
             assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
     with pytest.raises(ValueError, match="linear_kernel"):
         LocalChatModel(base, device="cpu", linear_kernel="mkl")
+
+
+def test_a_drafted_walk_draws_the_same_paths_with_fewer_forwards(tiny_lora_models):
+    """Each walk forward also feeds the text every open choice continues with (``ChoiceMask.draft``): the same
+    draws and log-probabilities as a walk that feeds only what it needs, in fewer forwards."""
+    from halo_agent.policies.guided_choice import ChoiceMask
+    from halo_agent.policies.prefix_cache import ChoiceWalk
+
+    engine = LocalChatModel(tiny_lora_models[0], device="cpu")
+    eos = engine.tokenizer.eos_token_id
+    mask = ChoiceMask(engine.tokenizer, CHOICES, eos)
+    assert mask.draft(()) == []  # "noop()" and the others part at once
+    opening = ChoiceMask(engine.tokenizer, CHOICES[:3], eos).draft(())  # these three open with "# '"
+    assert ChoiceMask(engine.tokenizer, CHOICES[:3], eos).text(opening) == b"# '" and eos not in opening
+    assert mask.draft(()) is mask.draft(())  # memoised per text
+    # one choice left: the draft spells the rest of it, then ends
+    noop = tuple(engine.tokenizer("noop", add_special_tokens=False)["input_ids"])
+    assert mask.text(noop + tuple(mask.draft(noop))) == b"noop()" and mask.draft(noop)[-1] == eos
+    forwards = {}
+    with torch.inference_mode():
+        root = engine.prompt_cache.prefill(engine.model, engine.chat_prompt(page("[12] button 'Submit'"))[0], None, "cpu")
+        for draft in (0, 8):
+            walk = ChoiceWalk(engine.model, root, ChoiceMask(engine.tokenizer, CHOICES, eos), draft=draft)
+            generator = torch.Generator().manual_seed(3)
+            paths = [walk.draw(1.0, generator) for _ in range(6)]
+            forwards[draft] = (walk.forwards, paths, [walk.token_logprobs(p, 1.0)[0] for p in paths])
+    assert forwards[8][1] == forwards[0][1]
+    for got, want in zip(forwards[8][2], forwards[0][2]):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert forwards[8][0] < forwards[0][0]

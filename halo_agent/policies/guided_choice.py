@@ -203,6 +203,7 @@ class ChoiceMask:
         self._by_bytes = by_bytes
         self._longest = max(map(len, by_bytes), default=1)
         self._memo: dict[bytes, list[int]] = {}
+        self._drafts: dict[tuple[bytes, int], list[int]] = {}
 
     def text(self, prefix: Sequence[int]) -> bytes:
         return b"".join(self.bytes[t] for t in prefix if t != self.eos)
@@ -219,6 +220,38 @@ class ChoiceMask:
                 ids.add(self.eos)
             self._memo[text] = sorted(ids)
         return self._memo[text]
+
+    def draft(self, prefix: Sequence[int], limit: int = 8) -> list[int]:
+        """Tokens likely to follow ``prefix``, to feed with it so one forward gives the model's distribution at each
+        of them too (a draw that takes them needs no forward there; one that parts from them loses nothing): the
+        text every choice still open continues with, in longest-match tokens, then ``eos`` where one choice is left
+        and the draft spells it whole. At most ``limit`` tokens; none after ``eos``."""
+        if prefix and prefix[-1] == self.eos:
+            return []
+        text = self.text(prefix)
+        key = (text, limit)
+        if key not in self._drafts:
+            rests = [choice[len(text):] for choice in self._texts if choice.startswith(text)]
+            common = rests[0] if rests else b""
+            for rest in rests[1:]:
+                n = 0
+                while n < min(len(common), len(rest)) and common[n] == rest[n]:
+                    n += 1
+                common = common[:n]
+            ids: list[int] = []
+            at = 0
+            while at < len(common) and len(ids) < limit:
+                for k in range(min(len(common) - at, self._longest), 0, -1):
+                    if common[at:at + k] in self._by_bytes:
+                        ids.append(self._by_bytes[common[at:at + k]][0])
+                        at += k
+                        break
+                else:
+                    break  # no token spells the next bytes alone: the draft stops there
+            if at == len(common) and len(rests) == 1 and len(ids) < limit:
+                ids.append(self.eos)
+            self._drafts[key] = ids
+        return self._drafts[key]
 
     def allowed(self, prefix: Sequence[int]) -> list[int]:
         """The tokens allowed after ``prefix`` (token ids generated so far); none after ``eos``."""

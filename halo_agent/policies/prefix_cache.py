@@ -196,8 +196,13 @@ class ChoiceWalk:
     """Draws a guided choice token by token under ``mask`` (a :class:`ChoiceMask`: vLLM's string-prefix mask),
     from ``root``, the prompt's cache; each path drawn ends in the mask's EOS."""
 
-    def __init__(self, model: Any, root: Prefilled, mask: Any, kept_caches: int = 4) -> None:
+    def __init__(self, model: Any, root: Prefilled, mask: Any, kept_caches: int = 4, draft: int = 8) -> None:
         self.model, self.root, self.mask = model, root, mask
+        # Each forward also feeds up to ``draft`` tokens the mask says are likely next (``ChoiceMask.draft``): on a
+        # CPU or a GPU a decode forward of a few more tokens costs about as much as one, and a draw that follows
+        # them needs no forward of its own. The draw and its log-probabilities are the same either way.
+        self.draft = draft
+        self.forwards = 0
         self._logprobs: dict[Prefix, Any] = {(): root.next_logprobs}  # the model's log-probs after each prefix
         # Where the last few forwards ended, to continue from (each holds the whole prompt's KV: a draw of many
         # samples keeps ``kept_caches`` of them and goes back to the prompt's cache for the rest).
@@ -208,9 +213,13 @@ class ChoiceWalk:
         """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
         if prefix not in self._logprobs:
             start, shared = self._nearest(prefix)
-            prompt = len(self.root.ids)
-            self._record(prefix, shared, *extend(self.model, start, prompt + shared, self.root.ids + prefix))
+            path = self.fed_path(prefix)
+            self._record(path, shared, *extend(self.model, start, len(self.root.ids) + shared, self.root.ids + path))
         return self._logprobs[prefix]
+
+    def fed_path(self, prefix: Prefix) -> Prefix:
+        """What a forward for ``prefix`` computes: ``prefix`` and its draft."""
+        return prefix + tuple(self.mask.draft(prefix, self.draft)) if self.draft else prefix
 
     def _nearest(self, prefix: Prefix) -> tuple[Prefilled, int]:
         """The kept cache sharing the longest part of ``prefix`` (the prompt's where none does), and that length."""
@@ -219,6 +228,7 @@ class ChoiceWalk:
 
     def _record(self, prefix: Prefix, shared: int, prefilled: Prefilled, rows: Any) -> None:
         """Keep the cache a forward ended at, and the log-probabilities after each token it fed (from ``shared`` on)."""
+        self.forwards += 1
         self._caches[prefix] = prefilled
         while len(self._caches) > self.kept_caches:
             self._caches.popitem(last=False)
@@ -286,13 +296,15 @@ def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device
         for walk, prefix in needs:
             walk.logprobs(prefix)
         return [1] * len(needs)
-    plans, starts = [], []
+    plans, starts, paths = [], [], []
     for walk, prefix in needs:
         start, shared = walk._nearest(prefix)
-        plans.append((walk.root.ids + prefix, start, len(walk.root.ids) + shared))
+        paths.append(walk.fed_path(prefix))
+        plans.append((walk.root.ids + paths[-1], start, len(walk.root.ids) + shared))
         starts.append(shared)
-    for (walk, prefix), shared, (layers, rows) in zip(needs, starts, forward_padded(model, plans, device, every_position=True)):
-        walk._record(prefix, shared, Prefilled(walk.root.ids + prefix, layers, rows[-1]), rows)
+    batch = forward_padded(model, plans, device, every_position=True)
+    for (walk, _), path, shared, (layers, rows) in zip(needs, paths, starts, batch):
+        walk._record(path, shared, Prefilled(walk.root.ids + path, layers, rows[-1]), rows)
     return [len(needs)]
 
 
