@@ -219,14 +219,22 @@ def test_a_drafted_walk_draws_the_same_paths_with_fewer_forwards(tiny_lora_model
     noop = tuple(engine.tokenizer("noop", add_special_tokens=False)["input_ids"])
     assert mask.text(noop + tuple(mask.draft(noop))) == b"noop()" and mask.draft(noop)[-1] == eos
     forwards = {}
+    prompt = engine.chat_prompt(page("[12] button 'Submit'"))[0]
+    three = ChoiceMask(engine.tokenizer, CHOICES[:3], eos)
     with torch.inference_mode():
-        root = engine.prompt_cache.prefill(engine.model, engine.chat_prompt(page("[12] button 'Submit'"))[0], None, "cpu")
-        for draft in (0, 8):
-            walk = ChoiceWalk(engine.model, root, ChoiceMask(engine.tokenizer, CHOICES, eos), draft=draft)
+        plain = PromptCache().prefill(engine.model, prompt, None, "cpu")
+        # the prompt's prefill fed the draft too: the cache kept is the prompt's, the draft's positions come along
+        primed = PromptCache().prefill(engine.model, prompt, None, "cpu", draft=three.draft(()))
+        assert primed.ids == plain.ids and primed.ahead[0] == tuple(three.draft(()))
+        torch.testing.assert_close(primed.next_logprobs, plain.next_logprobs, atol=1e-5, rtol=0)
+        for name, choices, root, draft in (("plain", CHOICES, plain, 0), ("drafted", CHOICES, plain, 8),
+                                           ("plain three", CHOICES[:3], plain, 0), ("primed three", CHOICES[:3], primed, 8)):
+            walk = ChoiceWalk(engine.model, root, ChoiceMask(engine.tokenizer, choices, eos), draft=draft)
             generator = torch.Generator().manual_seed(3)
             paths = [walk.draw(1.0, generator) for _ in range(6)]
-            forwards[draft] = (walk.forwards, paths, [walk.token_logprobs(p, 1.0)[0] for p in paths])
-    assert forwards[8][1] == forwards[0][1]
-    for got, want in zip(forwards[8][2], forwards[0][2]):
-        assert got == pytest.approx(want, abs=1e-5)
-    assert forwards[8][0] < forwards[0][0]
+            forwards[name] = (walk.forwards, paths, [walk.token_logprobs(p, 1.0)[0] for p in paths])
+    for fast, slow in (("drafted", "plain"), ("primed three", "plain three")):
+        assert forwards[fast][1] == forwards[slow][1]
+        for got, want in zip(forwards[fast][2], forwards[slow][2]):
+            assert got == pytest.approx(want, abs=1e-5)
+        assert forwards[fast][0] < forwards[slow][0]

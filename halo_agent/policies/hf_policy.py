@@ -555,8 +555,9 @@ class LocalChatModel:
         self._check_adapter(adapter)
         if self.choice_draw == "token":
             mask = ChoiceMask(self.tokenizer, choices, eos)
-            if root is None:  # full: the whole prompt afresh, nothing kept
-                root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device)
+            if root is None:  # full: the whole prompt afresh, nothing kept; the mask's draft fed with it
+                root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device,
+                                                                                 draft=mask.draft(()))
             walk = ChoiceWalk(self.model, root, mask)
             picks = []
             for _ in range(int(n) if temperature > 0 else 1):

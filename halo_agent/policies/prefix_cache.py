@@ -31,6 +31,9 @@ class Prefilled:
     ids: tuple[int, ...]
     layers: list[tuple[Any, Any]]
     next_logprobs: Any  # (vocab,) float32
+    # Tokens fed past the prompt in the same forward (a guided choice's draft), where a prefill was asked for them:
+    # (those tokens, the cache of the prompt and them, the log-probabilities after each of them).
+    ahead: tuple[tuple[int, ...], Prefilled, Any] | None = None
 
     def cache(self, length: int | None = None, batch: int = 1) -> Any:
         """A new ``DynamicCache`` holding the first ``length`` tokens (default: all), repeated ``batch`` times.
@@ -55,15 +58,15 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def extend(model: Any, start: Prefilled, length: int, ids: Sequence[int], every_position: bool = True) -> tuple[Prefilled, Any]:
+def extend(model: Any, start: Prefilled, length: int, ids: Sequence[int], keep: int = 0) -> tuple[Prefilled, Any]:
     """Feed ``ids[length:]`` after the first ``length`` tokens of ``start``'s cache (``length`` < len(ids)).
     Returns the prefilled ``ids`` and the log-probabilities after each fed token, shape (fed, vocab), or after
-    the last one only (``every_position=False``: a prompt's, whose other positions nothing reads)."""
+    the last ``keep`` of them (a prompt's: its other positions nothing reads)."""
     import torch
 
     fed = list(ids[length:])
     out = model(input_ids=torch.tensor([fed], device=start.next_logprobs.device), cache=start.cache(length),
-                use_cache=True, logits_to_keep=0 if every_position else 1)
+                use_cache=True, logits_to_keep=keep)
     logprobs = out.logits[0].float().log_softmax(dim=-1)
     return Prefilled(tuple(ids), _layers(out.cache), logprobs[-1]), logprobs
 
@@ -84,7 +87,11 @@ class PromptCache:
         """Forget every cache (the weights behind them changed: an adapter loaded or unloaded)."""
         self._entries.clear()
 
-    def prefill(self, model: Any, prompt_ids: Sequence[int], adapter: str | None, device: str) -> Prefilled:
+    def prefill(self, model: Any, prompt_ids: Sequence[int], adapter: str | None, device: str,
+                draft: Sequence[int] = ()) -> Prefilled:
+        """The prompt's cache, from the longest cached prefix on. ``draft``: tokens likely to follow, fed in the
+        same forward where the prompt is not cached whole; what they gave comes back as the answer's ``ahead``
+        (the cache kept is the prompt's alone)."""
         import torch
 
         ids = tuple(int(t) for t in prompt_ids)
@@ -94,16 +101,21 @@ class PromptCache:
             self.tokens_reused += len(ids)
             return self._entries[(adapter, ids)]
         best, shared = self._nearest(adapter, ids)
+        draft = tuple(int(t) for t in draft)
         if best is None:
-            out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
-            prefilled = Prefilled(ids, _layers(out.cache), out.logits[0, -1].float().log_softmax(dim=-1))
+            out = model(input_ids=torch.tensor([list(ids + draft)], device=device), use_cache=True, logits_to_keep=len(draft) + 1)
+            layers, rows = _layers(out.cache), out.logits[0].float().log_softmax(dim=-1)
         else:
-            prefilled, _ = extend(model, best, shared, ids, every_position=False)
+            whole, rows = extend(model, best, shared, ids + draft, keep=len(draft) + 1)
+            layers = whole.layers
+        prefilled = Prefilled(ids, [(k[:, :, :len(ids)], v[:, :, :len(ids)]) for k, v in layers] if draft else layers, rows[0])
         self.tokens_reused += shared
         self.tokens_prefilled += len(ids) - shared
         self._entries[(adapter, ids)] = prefilled
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
+        if draft:
+            return dataclasses.replace(prefilled, ahead=(draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:]))
         return prefilled
 
     def _nearest(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[Prefilled | None, int]:
@@ -208,6 +220,8 @@ class ChoiceWalk:
         # samples keeps ``kept_caches`` of them and goes back to the prompt's cache for the rest).
         self._caches: collections.OrderedDict[Prefix, Prefilled] = collections.OrderedDict()
         self.kept_caches = kept_caches
+        if root.ahead is not None:  # the prompt's prefill fed a draft: its positions are known already
+            self._record(*_ahead(root), counted=False)
 
     def logprobs(self, prefix: Prefix) -> Any:
         """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
@@ -226,9 +240,9 @@ class ChoiceWalk:
         return max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
                    key=lambda item: item[1], default=(self.root, 0))
 
-    def _record(self, prefix: Prefix, shared: int, prefilled: Prefilled, rows: Any) -> None:
+    def _record(self, prefix: Prefix, shared: int, prefilled: Prefilled, rows: Any, counted: bool = True) -> None:
         """Keep the cache a forward ended at, and the log-probabilities after each token it fed (from ``shared`` on)."""
-        self.forwards += 1
+        self.forwards += counted
         self._caches[prefix] = prefilled
         while len(self._caches) > self.kept_caches:
             self._caches.popitem(last=False)
@@ -286,6 +300,11 @@ class ChoiceWalk:
             values.append(at[token])
             allowed_values.append(at)
         return values, allowed_values
+
+
+def _ahead(root: Prefilled) -> tuple[Prefix, int, Prefilled, Any]:
+    tokens, cache, rows = root.ahead
+    return tokens, 0, cache, rows
 
 
 def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device: str, together_from: int = 2) -> list[int]:
