@@ -224,8 +224,10 @@ def test_a_drafted_walk_draws_the_same_paths_with_fewer_forwards(tiny_lora_model
     with torch.inference_mode():
         plain = PromptCache().prefill(engine.model, prompt, None, "cpu")
         # the prompt's prefill fed the draft too: the cache kept is the prompt's, the draft's positions come along
-        primed = PromptCache().prefill(engine.model, prompt, None, "cpu", draft=three.draft(()))
+        kept = PromptCache()
+        primed = kept.prefill(engine.model, prompt, None, "cpu", draft=three.draft(()))
         assert primed.ids == plain.ids and primed.ahead[0] == tuple(three.draft(()))
+        assert kept.prefill(engine.model, prompt, None, "cpu") is primed and kept.hits == 1  # a hit gets the draft's positions
         torch.testing.assert_close(primed.next_logprobs, plain.next_logprobs, atol=1e-5, rtol=0)
         for name, choices, root, draft in (("plain", CHOICES, plain, 0), ("drafted", CHOICES, plain, 8),
                                            ("plain three", CHOICES[:3], plain, 0), ("primed three", CHOICES[:3], primed, 8)):

@@ -90,8 +90,8 @@ class PromptCache:
     def prefill(self, model: Any, prompt_ids: Sequence[int], adapter: str | None, device: str,
                 draft: Sequence[int] = ()) -> Prefilled:
         """The prompt's cache, from the longest cached prefix on. ``draft``: tokens likely to follow, fed in the
-        same forward where the prompt is not cached whole; what they gave comes back as the answer's ``ahead``
-        (the cache kept is the prompt's alone)."""
+        same forward where the prompt is not cached whole; what they gave is the answer's ``ahead``, kept with it
+        (a later hit gets it too; the prompt's own cache and log-probabilities are those of the prompt alone)."""
         import torch
 
         ids = tuple(int(t) for t in prompt_ids)
@@ -109,13 +109,13 @@ class PromptCache:
             whole, rows = extend(model, best, shared, ids + draft, keep=len(draft) + 1)
             layers = whole.layers
         prefilled = Prefilled(ids, [(k[:, :, :len(ids)], v[:, :, :len(ids)]) for k, v in layers] if draft else layers, rows[0])
+        if draft:  # kept with the prompt (the same tensors): a later hit on it gets the draft's positions too
+            prefilled.ahead = (draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:])
         self.tokens_reused += shared
         self.tokens_prefilled += len(ids) - shared
         self._entries[(adapter, ids)] = prefilled
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-        if draft:
-            return dataclasses.replace(prefilled, ahead=(draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:]))
         return prefilled
 
     def _nearest(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[Prefilled | None, int]:
