@@ -149,16 +149,23 @@ def test_batched_prefill_stores_each_prompt_as_prefilled_alone(tiny_lora_models)
     prompts = [engine.chat_prompt(page(text))[0] for text in ("[12] button 'Submit' and more", "[40] link", "x " * 30)]
     prompts.append(prompts[0])  # the same prompt twice in one batch
     one, many = PromptCache(), PromptCache()
+    # a draft fed after each prompt (none after one): its positions come back with the prompt's cache
+    drafts = [engine.tokenizer("# 'Sub", add_special_tokens=False)["input_ids"], [], [11, 12, 13]]
+    drafts.append(drafts[0])
     with torch.inference_mode():
         for cache in (one, many):
             cache.prefill(engine.model, engine.chat_prompt(page("[12] button 'Submit'"))[0], None, "cpu")
-        alone = [one.prefill(engine.model, p, None, "cpu") for p in prompts]
-        together = many.prefill_many(engine.model, prompts, None, "cpu")
+        alone = [one.prefill(engine.model, p, None, "cpu", d) for p, d in zip(prompts, drafts)]
+        together = many.prefill_many(engine.model, prompts, None, "cpu", drafts)
     assert many.batched_prefills == 1 and many.batched_prompts == 3
     assert many.tokens_prefilled == one.tokens_prefilled and many.tokens_reused < one.tokens_reused  # no hit for the twin
     for a, b in zip(alone, together):
         assert a.ids == b.ids
         torch.testing.assert_close(b.next_logprobs, a.next_logprobs, atol=1e-5, rtol=0)
+        assert (a.ahead is None) == (b.ahead is None)
+        if a.ahead is not None:
+            assert a.ahead[0] == b.ahead[0] and a.ahead[1].ids == b.ahead[1].ids
+            torch.testing.assert_close(b.ahead[2], a.ahead[2], atol=1e-5, rtol=0)
         for (ka, va), (kb, vb) in zip(a.layers, b.layers):
             assert ka.shape == kb.shape
             torch.testing.assert_close(kb, ka, atol=1e-5, rtol=0)

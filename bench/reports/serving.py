@@ -1,7 +1,8 @@
 """HALO's chat server on constrained rollouts (`python -m bench serving`): two of its settings side by side, in
 steps per second, and where a step's time goes: the cached scoring against the full one (one rollout worker),
 and (`--compare batching`) the server batching requests against `--max-batch 1` (two rollout workers, or
-`--workers`). Walks per forward: the choice walks one engine forward advanced, on average (continuous batching)."""
+`--workers`). Walks per forward: the choice walks one engine forward advanced, on average (continuous batching);
+walk forwards per request: the forwards a request's walk needed (fewer with drafted walks)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pathlib
 
 from bench.reports import load_runs, provenance, table
 
-HEADERS = ["server", "workers", "steps", "wall (s)", "steps/s", "ratio", "engine s/step", "other s/step",
-           "prompt tokens prefilled", "requests batched", "walks per forward", "solved", "load", "command"]
+HEADERS = ["server", "commit", "workers", "steps", "wall (s)", "steps/s", "ratio", "engine s/step", "other s/step",
+           "prompt tokens prefilled", "requests batched", "walks per forward", "walk forwards per request", "solved", "load", "command"]
 SPLIT = ("engine_prefill", "engine_draw", "server_http_json", "policy_client", "browser", "lake", "other", "wall")
 SPLIT_HEADERS = ["prefill", "draw", "HTTP+JSON", "policy client", "browser", "lake", "other", "wall"]
 # Results written before the batching comparison existed compare the scorings.
@@ -28,10 +29,11 @@ def report(results_dir: pathlib.Path) -> str:
             options = " ".join(a.get("server_options", SCORING.get(arm, [])))
             prefilled = a["prefill_tokens"] / a["prompt_tokens"] if "--score-mode full" not in options else 1.0
             batched = f"{a['batched_requests']}/{a['requests']}" if "requests" in a else "–"
-            rows.append([f"`{options}`" if options else "defaults (`--max-batch 8`)", run.get("workers", 1), a["steps"], round(a["wall_seconds"]),
+            rows.append([f"`{options}`" if options else "defaults (`--max-batch 8`)", run.get("commit", "–")[:7], run.get("workers", 1), a["steps"], round(a["wall_seconds"]),
                          round(a["steps_per_second"], 3), f"{names[1]} / {names[0]}: {run['ratio']:.2f}x",
                          round(a["engine_seconds_per_step"], 2), round(a["other_seconds_per_step"], 2),
                          f"{prefilled:.0%}", batched, round(a["walks_per_forward"], 2) if "walks_per_forward" in a else "–",
+                         _walk_forwards_per_request(run, arm),
                          f"{a['successes']}/{a['episodes']}",
                          f"{min(loads):.0f}–{max(loads):.0f}", f"`{run['command']}`"])
     out = table(HEADERS, rows) + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
@@ -54,3 +56,11 @@ def report(results_dir: pathlib.Path) -> str:
                 "machine.\n\n")
         out += table(["server", "workers", "steps", "steps/s", *SPLIT_HEADERS, "load", "command"], split_rows)
     return out
+
+
+def _walk_forwards_per_request(run: dict, arm: str) -> str:
+    """Forwards a request's choice walk took on average: from each of the arm's rows, where the server counted them
+    (each batched forward counts once per walk it advanced)."""
+    mine = [r for r in run["rows"] if r["arm"] == arm and "walk_rows" in r]
+    requests = sum(r["requests"] for r in mine)
+    return f"{sum(r['walk_rows'] for r in mine) / requests:.2f}" if requests else "–"

@@ -497,8 +497,10 @@ class LocalChatModel:
                     continue
                 before = self.prompt_cache.batched_prefills
                 try:
+                    drafts = [self._opening_draft(jobs[i].request) for i in members]
                     with torch.inference_mode(), self._adapter_context(adapter):
-                        filled = self.prompt_cache.prefill_many(self.model, [prompts[i] for i in members], adapter, self.device)
+                        filled = self.prompt_cache.prefill_many(self.model, [prompts[i] for i in members], adapter, self.device,
+                                                                drafts)
                 except Exception:  # noqa: BLE001 (each request is then prefilled alone, and fails alone)
                     log.exception("a batched prefill failed; prefilling its prompts one by one")
                     continue
@@ -538,6 +540,15 @@ class LocalChatModel:
                         job.advance()
         return sizes
 
+    def _opening_draft(self, request: ChoiceRequest) -> list[int]:
+        """The tokens every choice of ``request`` opens with (``ChoiceMask.draft``), fed with its prompt's prefill."""
+        if self.choice_draw != "token":
+            return []
+        return ChoiceMask(self.tokenizer, request.choices, self._choice_eos()).draft(())
+
+    def _choice_eos(self) -> int:
+        return self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
+
     def _choice_steps(self, request: ChoiceRequest, prompt_ids: list[int], root: Prefilled | None) -> Generator[tuple[ChoiceWalk, tuple[int, ...]], None, GenerationBatch]:
         """One guided choice as a generator, continuing from ``root``, its prompt's cache, where given: it yields
         each (walk, prefix) whose log-probabilities the masked draw needs next, and returns the answer. Each resume
@@ -547,7 +558,7 @@ class LocalChatModel:
 
         choices, n, temperature, seed, adapter, top_logprobs = (request.choices, request.n, request.temperature, request.seed,
                                                                 request.adapter, request.top_logprobs)
-        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
+        eos = self._choice_eos()
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         draw = "greedy" if temperature <= 0 else ("masked_choice" if self.choice_draw == "token" else "sequence_choice")
         reported_temperature = float(temperature) if temperature > 0 else 1.0

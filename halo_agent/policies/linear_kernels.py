@@ -51,3 +51,13 @@ def use_onednn_linear(model: Any) -> int:
     for layer in layers:
         layer.forward = types.MethodType(_onednn_forward, layer)
     return len(layers)
+
+
+def use_torch_linear(model: Any) -> int:
+    """Undo ``use_onednn_linear``: every ``nn.Linear`` of ``model`` on torch's own kernel again; returns how many."""
+    import torch
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" in vars(m)]
+    for layer in layers:
+        del layer.forward
+    return len(layers)

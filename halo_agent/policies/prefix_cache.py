@@ -130,39 +130,48 @@ class PromptCache:
         shared = min(shared, len(ids) - 1)
         return (best, shared) if shared else (None, 0)
 
-    def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str) -> list[Prefilled]:
-        """``prefill`` of several prompts under one adapter, what each needs fed as one batch
-        (:func:`forward_padded`: each continues from its own longest cached prefix). Each prompt's cache and
-        next-token log-probabilities are stored as ``prefill`` alone would store them (equal within float rounding)."""
+    def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str,
+                     drafts: Sequence[Sequence[int]] | None = None) -> list[Prefilled]:
+        """``prefill`` of several prompts under one adapter (each with its ``drafts`` entry, as ``prefill``'s
+        ``draft``), what each needs fed as one batch (:func:`forward_padded`: each continues from its own longest
+        cached prefix). Each prompt's cache and next-token log-probabilities are stored as ``prefill`` alone would
+        store them (equal within float rounding)."""
         keys = [tuple(int(t) for t in p) for p in prompts]
+        wanted = dict(zip(keys, (tuple(int(t) for t in d) for d in drafts))) if drafts is not None else {}
         fresh = [ids for ids in dict.fromkeys(keys) if (adapter, ids) not in self._entries]
         if len(fresh) < 2:
-            return [self.prefill(model, ids, adapter, device) for ids in keys]
-        plans = [(ids, *self._nearest(adapter, ids)) for ids in fresh]  # (ids, the cache it continues from, its length)
+            return [self.prefill(model, ids, adapter, device, wanted.get(ids, ())) for ids in keys]
+        # (ids and draft, the cache they continue from, its length)
+        plans = [(ids + wanted.get(ids, ()), *self._nearest(adapter, ids)) for ids in fresh]
+        keep = [len(wanted.get(ids, ())) + 1 for ids in fresh]
         done = {}
-        for (ids, _, shared), (layers, logprobs) in zip(plans, forward_padded(model, plans, device, every_position=False)):
+        for ids, (_, _, shared), (layers, rows) in zip(fresh, plans, forward_padded(model, plans, device, keep=keep)):
+            draft, n = wanted.get(ids, ()), len(ids)
             # Stored for later prompts: copies, so the batch's own tensors are freed.
-            done[ids] = Prefilled(ids, [(k.clone(), v.clone()) for k, v in layers], logprobs)
+            layers = [(k.clone(), v.clone()) for k, v in layers]
+            done[ids] = Prefilled(ids, [(k[:, :, :n], v[:, :, :n]) for k, v in layers] if draft else layers, rows[0])
+            if draft:
+                done[ids].ahead = (draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:])
             self.tokens_reused += shared
-            self.tokens_prefilled += len(ids) - shared
+            self.tokens_prefilled += n - shared
             self._entries[(adapter, ids)] = done[ids]
         self.batched_prefills += 1
         self.batched_prompts += len(plans)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-        return [done[ids] if ids in done else self.prefill(model, ids, adapter, device) for ids in keys]
+        return [done[ids] if ids in done else self.prefill(model, ids, adapter, device, wanted.get(ids, ())) for ids in keys]
 
 
 Plan = tuple[tuple[int, ...], "Prefilled | None", int]  # token ids, the cache they continue from (or none), its length
 
 
-def forward_padded(model: Any, plans: Sequence[Plan], device: str, every_position: bool) -> list[tuple[list[tuple[Any, Any]], Any]]:
+def forward_padded(model: Any, plans: Sequence[Plan], device: str, keep: Sequence[int] | None = None) -> list[tuple[list[tuple[Any, Any]], Any]]:
     """One forward feeding each plan's ``ids[shared:]`` after the first ``shared`` tokens of its own cache: the caches
     left-padded to one length and masked there, each row's tokens at their own positions, the fed tokens
     right-padded and masked. Per plan: its ``ids``' cache, one (keys, values) pair a layer of shape
-    (1, heads, len(ids), dim) (views of the batch's tensors), and the log-probabilities after its last fed token
-    (``every_position=False``, shape (vocab,)) or after each (shape (fed, vocab)). Equal within float rounding to
-    feeding each plan alone (:func:`extend`)."""
+    (1, heads, len(ids), dim) (views of the batch's tensors), and the log-probabilities after each fed token,
+    shape (fed, vocab), or after the last ``keep[i]`` of plan i's. Equal within float rounding to feeding each plan
+    alone (:func:`extend`)."""
     import torch
 
     cached = max(shared for _, _, shared in plans)
@@ -188,14 +197,17 @@ def forward_padded(model: Any, plans: Sequence[Plan], device: str, every_positio
                 padded.append(block)
             layers.append(tuple(padded))
         kwargs["cache"] = DynamicCache(layers)
-    if every_position:
+    if keep is None:
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=0, **kwargs)
         logits = [out.logits[i, :len(ids) - shared] for i, (ids, _, shared) in enumerate(plans)]
     else:
-        last = torch.tensor([len(ids) - shared - 1 for ids, _, shared in plans], device=device)
+        # the positions any row keeps, computed for every row (lm_head over those only), each row then taking its own
+        wanted = [range(len(ids) - shared - k, len(ids) - shared) for (ids, _, shared), k in zip(plans, keep)]
+        kept = sorted({j for positions in wanted for j in positions})
+        at = {j: n for n, j in enumerate(kept)}
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=last, **kwargs)
-        logits = list(out.logits[torch.arange(len(plans)), torch.arange(len(plans))])  # row i at its own last position
+                    logits_to_keep=torch.tensor(kept, device=device), **kwargs)
+        logits = [out.logits[i, [at[j] for j in positions]] for i, positions in enumerate(wanted)]
     rows = []
     for i, (ids, _, shared) in enumerate(plans):
         start = cached - shared
@@ -321,7 +333,7 @@ def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device
         paths.append(walk.fed_path(prefix))
         plans.append((walk.root.ids + paths[-1], start, len(walk.root.ids) + shared))
         starts.append(shared)
-    batch = forward_padded(model, plans, device, every_position=True)
+    batch = forward_padded(model, plans, device)
     for (walk, _), path, shared, (layers, rows) in zip(needs, paths, starts, batch):
         walk._record(path, shared, Prefilled(walk.root.ids + path, layers, rows[-1]), rows)
     return [len(needs)]
