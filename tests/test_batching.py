@@ -125,6 +125,7 @@ def test_a_request_joins_the_walks_in_progress_and_answers_as_alone(tiny_lora_mo
     forward, and both answer as they do alone."""
     engine = LocalChatModel(tiny_lora_models[0], device="cpu")
     engine.walk_batch_from = 2  # two walks in one forward, whichever linear kernel this torch has
+    engine.choice_draft = 0  # walks of several forwards (a draft may answer a walk in its prompt's prefill)
     first = ChoiceRequest(page("[12] button 'Submit'\n[13] link 'Tab #2'"), CHOICES, n=2, temperature=1.0, seed=11)
     second = ChoiceRequest(page("[40] link 'Next page'"), CHOICES, n=2, temperature=1.0, seed=12, top_logprobs=2)
     alone = [engine.choose_many([request])[0] for request in (first, second)]
@@ -149,8 +150,8 @@ def test_batched_prefill_stores_each_prompt_as_prefilled_alone(tiny_lora_models)
     prompts = [engine.chat_prompt(page(text))[0] for text in ("[12] button 'Submit' and more", "[40] link", "x " * 30)]
     prompts.append(prompts[0])  # the same prompt twice in one batch
     one, many = PromptCache(), PromptCache()
-    # a draft fed after each prompt (none after one): its positions come back with the prompt's cache
-    drafts = [engine.tokenizer("# 'Sub", add_special_tokens=False)["input_ids"], [], [11, 12, 13]]
+    # a draft tree fed after each prompt (none after one): its places come back with the prompt's cache
+    drafts = [[(7,), (7, 8), (7, 9), (10,)], [], [(11,), (11, 12), (11, 12, 13)]]
     drafts.append(drafts[0])
     with torch.inference_mode():
         for cache in (one, many):
@@ -164,8 +165,8 @@ def test_batched_prefill_stores_each_prompt_as_prefilled_alone(tiny_lora_models)
         torch.testing.assert_close(b.next_logprobs, a.next_logprobs, atol=1e-5, rtol=0)
         assert (a.ahead is None) == (b.ahead is None)
         if a.ahead is not None:
-            assert a.ahead[0] == b.ahead[0] and a.ahead[1].ids == b.ahead[1].ids
-            torch.testing.assert_close(b.ahead[2], a.ahead[2], atol=1e-5, rtol=0)
+            assert a.ahead[0] == b.ahead[0]
+            torch.testing.assert_close(b.ahead[1], a.ahead[1], atol=1e-5, rtol=0)
         for (ka, va), (kb, vb) in zip(a.layers, b.layers):
             assert ka.shape == kb.shape
             torch.testing.assert_close(kb, ka, atol=1e-5, rtol=0)
@@ -210,40 +211,44 @@ def test_onednn_linear_layers_answer_as_torch_s(tiny_lora_models):
 
 
 def test_a_drafted_walk_draws_the_same_paths_with_fewer_forwards(tiny_lora_models):
-    """Each walk forward also feeds the text every open choice continues with (``ChoiceMask.draft``): the same
-    draws and log-probabilities as a walk that feeds only what it needs, in fewer forwards."""
+    """Each forward of a walk (and a prompt's prefill) also feeds a tree of every open choice's rest
+    (``ChoiceMask.draft``): the same draws and log-probabilities as a walk that feeds only what it needs, in fewer
+    forwards."""
     from halo_agent.policies.guided_choice import ChoiceMask
     from halo_agent.policies.prefix_cache import ChoiceWalk
 
     engine = LocalChatModel(tiny_lora_models[0], device="cpu")
     eos = engine.tokenizer.eos_token_id
     mask = ChoiceMask(engine.tokenizer, CHOICES, eos)
-    assert mask.draft(()) == []  # "noop()" and the others part at once
-    opening = ChoiceMask(engine.tokenizer, CHOICES[:3], eos).draft(())  # these three open with "# '"
-    assert ChoiceMask(engine.tokenizer, CHOICES[:3], eos).text(opening) == b"# '" and eos not in opening
-    assert mask.draft(()) is mask.draft(())  # memoised per text
-    # one choice left: the draft spells the rest of it, then ends
-    noop = tuple(engine.tokenizer("noop", add_special_tokens=False)["input_ids"])
-    assert mask.text(noop + tuple(mask.draft(noop))) == b"noop()" and mask.draft(noop)[-1] == eos
+    tree = mask.draft(())
+    for choice in CHOICES:  # each choice as the tokenizer splits it, up to its last place with a choice of token
+        split = tuple(engine.tokenizer(choice, add_special_tokens=False)["input_ids"])
+        needed = [k for k in range(1, len(split) + 1) if len(mask.allowed(split[:k])) > 1]
+        assert all(split[:k] in tree for k in range(1, max(needed, default=0) + 1))
+        assert all(split[:k] not in tree for k in range(max(needed, default=0) + 1, len(split) + 1))
+    assert all(len(path) == 1 or path[:-1] in tree[:k] for k, path in enumerate(tree))  # parents first
+    assert len(set(tree)) == len(tree) and len(mask.draft((), limit=5)) <= 5 and mask.draft(()) is tree
+    assert all(len(mask.allowed(path)) > 1 or any(p[:len(path)] == path for p in tree if p != path) for path in tree)
+    assert mask.draft(tree[0] + (eos,)) == []
     forwards = {}
     prompt = engine.chat_prompt(page("[12] button 'Submit'"))[0]
-    three = ChoiceMask(engine.tokenizer, CHOICES[:3], eos)
     with torch.inference_mode():
         plain = PromptCache().prefill(engine.model, prompt, None, "cpu")
-        # the prompt's prefill fed the draft too: the cache kept is the prompt's, the draft's positions come along
+        # the prompt's prefill fed the tree too: the cache kept is the prompt's, the tree's places come along
         kept = PromptCache()
-        primed = kept.prefill(engine.model, prompt, None, "cpu", draft=three.draft(()))
-        assert primed.ids == plain.ids and primed.ahead[0] == tuple(three.draft(()))
-        assert kept.prefill(engine.model, prompt, None, "cpu") is primed and kept.hits == 1  # a hit gets the draft's positions
+        primed = kept.prefill(engine.model, prompt, None, "cpu", draft=tree)
+        assert primed.ids == plain.ids and primed.ahead[0] == tuple(tree) and len(primed.ahead[1]) == len(tree)
+        assert kept.prefill(engine.model, prompt, None, "cpu") is primed and kept.hits == 1  # a hit gets them too
         torch.testing.assert_close(primed.next_logprobs, plain.next_logprobs, atol=1e-5, rtol=0)
-        for name, choices, root, draft in (("plain", CHOICES, plain, 0), ("drafted", CHOICES, plain, 8),
-                                           ("plain three", CHOICES[:3], plain, 0), ("primed three", CHOICES[:3], primed, 8)):
-            walk = ChoiceWalk(engine.model, root, ChoiceMask(engine.tokenizer, choices, eos), draft=draft)
+        for (k, v), (pk, pv) in zip(primed.layers, plain.layers):
+            torch.testing.assert_close(k, pk, atol=1e-5, rtol=0)
+        for name, root, draft in (("plain", plain, 0), ("drafted", plain, 48), ("primed", primed, 48)):
+            walk = ChoiceWalk(engine.model, root, ChoiceMask(engine.tokenizer, CHOICES, eos), draft=draft)
             generator = torch.Generator().manual_seed(3)
-            paths = [walk.draw(1.0, generator) for _ in range(6)]
+            paths = [walk.draw(1.0, generator) for _ in range(8)]
             forwards[name] = (walk.forwards, paths, [walk.token_logprobs(p, 1.0)[0] for p in paths])
-    for fast, slow in (("drafted", "plain"), ("primed three", "plain three")):
-        assert forwards[fast][1] == forwards[slow][1]
-        for got, want in zip(forwards[fast][2], forwards[slow][2]):
+    for fast in ("drafted", "primed"):
+        assert forwards[fast][1] == forwards["plain"][1]
+        for got, want in zip(forwards[fast][2], forwards["plain"][2]):
             assert got == pytest.approx(want, abs=1e-5)
-        assert forwards[fast][0] < forwards[slow][0]
+    assert forwards["primed"][0] < forwards["drafted"][0] < forwards["plain"][0]

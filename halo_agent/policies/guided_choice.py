@@ -203,7 +203,9 @@ class ChoiceMask:
         self._by_bytes = by_bytes
         self._longest = max(map(len, by_bytes), default=1)
         self._memo: dict[bytes, list[int]] = {}
-        self._drafts: dict[tuple[bytes, int], list[int]] = {}
+        self._drafts: dict[tuple[tuple[int, ...], int], list[tuple[int, ...]]] = {}
+        self._splits: dict[bytes, list[int]] = {}
+        self._tokenizer = tokenizer
 
     def text(self, prefix: Sequence[int]) -> bytes:
         return b"".join(self.bytes[t] for t in prefix if t != self.eos)
@@ -221,37 +223,57 @@ class ChoiceMask:
             self._memo[text] = sorted(ids)
         return self._memo[text]
 
-    def draft(self, prefix: Sequence[int], limit: int = 8) -> list[int]:
-        """Tokens likely to follow ``prefix``, to feed with it so one forward gives the model's distribution at each
-        of them too (a draw that takes them needs no forward there; one that parts from them loses nothing): the
-        text every choice still open continues with, in longest-match tokens, then ``eos`` where one choice is left
-        and the draft spells it whole. At most ``limit`` tokens; none after ``eos``."""
+    def draft(self, prefix: Sequence[int], limit: int = 48) -> list[tuple[int, ...]]:
+        """Token paths likely to follow ``prefix``, to feed with it so one forward gives the model's distribution
+        after each of them too (a draw that takes them needs no forward there; one that parts from them loses
+        nothing): every open choice's rest, as the tokenizer splits the whole choice where ``prefix`` follows that
+        split (else in longest-match tokens), each path after its parent, shared beginnings once, at most ``limit``
+        paths. Only paths after which the mask allows more than one token, and their ancestors: elsewhere the next
+        token is forced and needs no distribution. None after ``eos``."""
         if prefix and prefix[-1] == self.eos:
             return []
-        text = self.text(prefix)
-        key = (text, limit)
+        key = (tuple(prefix), limit)
         if key not in self._drafts:
-            rests = [choice[len(text):] for choice in self._texts if choice.startswith(text)]
-            common = rests[0] if rests else b""
-            for rest in rests[1:]:
-                n = 0
-                while n < min(len(common), len(rest)) and common[n] == rest[n]:
-                    n += 1
-                common = common[:n]
-            ids: list[int] = []
-            at = 0
-            while at < len(common) and len(ids) < limit:
-                for k in range(min(len(common) - at, self._longest), 0, -1):
-                    if common[at:at + k] in self._by_bytes:
-                        ids.append(self._by_bytes[common[at:at + k]][0])
-                        at += k
-                        break
+            text = self.text(prefix)
+            paths: dict[tuple[int, ...], None] = {}
+            for choice in self._texts:
+                if not choice.startswith(text) or len(paths) >= limit:
+                    continue
+                split = self._split(choice)
+                if tuple(split[:len(prefix)]) == tuple(prefix):
+                    rest = split[len(prefix):]
                 else:
-                    break  # no token spells the next bytes alone: the draft stops there
-            if at == len(common) and len(rests) == 1 and len(ids) < limit:
-                ids.append(self.eos)
-            self._drafts[key] = ids
+                    rest = self._longest_match(choice[len(text):])
+                for k in range(1, len(rest or ()) + 1):
+                    if len(paths) >= limit:
+                        break
+                    paths.setdefault(tuple(rest[:k]))
+            # keep a path where the draw needs a distribution after it, and every parent of one kept
+            kept: set[tuple[int, ...]] = set()
+            for path in reversed(list(paths)):
+                if path in kept or len(self.allowed(tuple(prefix) + path)) > 1:
+                    kept.update(path[:k] for k in range(1, len(path) + 1))
+            self._drafts[key] = [path for path in paths if path in kept]
         return self._drafts[key]
+
+    def _split(self, choice: bytes) -> list[int]:
+        """The tokenizer's own split of a whole choice."""
+        if choice not in self._splits:
+            self._splits[choice] = list(self._tokenizer(choice.decode("utf-8"), add_special_tokens=False)["input_ids"])
+        return self._splits[choice]
+
+    def _longest_match(self, rest: bytes) -> list[int] | None:
+        """``rest`` in longest-match tokens; None where no token spells the next bytes alone."""
+        ids, at = [], 0
+        while at < len(rest):
+            for k in range(min(len(rest) - at, self._longest), 0, -1):
+                if rest[at:at + k] in self._by_bytes:
+                    ids.append(self._by_bytes[rest[at:at + k]][0])
+                    at += k
+                    break
+            else:
+                return None
+        return ids
 
     def allowed(self, prefix: Sequence[int]) -> list[int]:
         """The tokens allowed after ``prefix`` (token ids generated so far); none after ``eos``."""

@@ -230,6 +230,8 @@ class LocalChatModel:
         # CPU linear) of 2 or 3 rows costs about as many single-row products: a forward of 2 walks took 1.1x two
         # alone, of 3 0.93x, of 4 0.54x (SmolLM2-135M, 2 threads). oneDNN's and a GPU's pay from 2.
         self.walk_batch_from = 3 if self.device == "cpu" and self.linear_kernel == "torch" else 2
+        # The most draft tokens a choice walk's forward (and a prompt's prefill) feeds (ChoiceWalk; 0: none).
+        self.choice_draft = 48
         self._lock = threading.RLock()  # choose_many holds it across start_choices and step_choices
         self.eos_token_ids = self._eos_ids()
         # The folder's generation config is kept for the record and never applied: generate() starts from a blank
@@ -540,11 +542,11 @@ class LocalChatModel:
                         job.advance()
         return sizes
 
-    def _opening_draft(self, request: ChoiceRequest) -> list[int]:
-        """The tokens every choice of ``request`` opens with (``ChoiceMask.draft``), fed with its prompt's prefill."""
-        if self.choice_draw != "token":
+    def _opening_draft(self, request: ChoiceRequest) -> list[tuple[int, ...]]:
+        """``request``'s choices as a token tree (``ChoiceMask.draft``), fed with its prompt's prefill."""
+        if self.choice_draw != "token" or not self.choice_draft:
             return []
-        return ChoiceMask(self.tokenizer, request.choices, self._choice_eos()).draft(())
+        return ChoiceMask(self.tokenizer, request.choices, self._choice_eos()).draft((), self.choice_draft)
 
     def _choice_eos(self) -> int:
         return self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
@@ -568,8 +570,8 @@ class LocalChatModel:
             mask = ChoiceMask(self.tokenizer, choices, eos)
             if root is None:  # full: the whole prompt afresh, nothing kept; the mask's draft fed with it
                 root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device,
-                                                                                 draft=mask.draft(()))
-            walk = ChoiceWalk(self.model, root, mask)
+                                                                                 draft=self._opening_draft(request))
+            walk = ChoiceWalk(self.model, root, mask, draft=self.choice_draft)
             picks = []
             for _ in range(int(n) if temperature > 0 else 1):
                 steps = walk.steps(float(temperature), generator)

@@ -31,9 +31,9 @@ class Prefilled:
     ids: tuple[int, ...]
     layers: list[tuple[Any, Any]]
     next_logprobs: Any  # (vocab,) float32
-    # Tokens fed past the prompt in the same forward (a guided choice's draft), where a prefill was asked for them:
-    # (those tokens, the cache of the prompt and them, the log-probabilities after each of them).
-    ahead: tuple[tuple[int, ...], Prefilled, Any] | None = None
+    # A draft fed past the prompt in the same forward (a guided choice's token tree, where a prefill was asked for
+    # one): its paths and the log-probabilities after each (its KV is not kept: the cache is the prompt's).
+    ahead: tuple[tuple[Prefix, ...], Any] | None = None
 
     def cache(self, length: int | None = None, batch: int = 1) -> Any:
         """A new ``DynamicCache`` holding the first ``length`` tokens (default: all), repeated ``batch`` times.
@@ -88,10 +88,11 @@ class PromptCache:
         self._entries.clear()
 
     def prefill(self, model: Any, prompt_ids: Sequence[int], adapter: str | None, device: str,
-                draft: Sequence[int] = ()) -> Prefilled:
-        """The prompt's cache, from the longest cached prefix on. ``draft``: tokens likely to follow, fed in the
-        same forward where the prompt is not cached whole; what they gave is the answer's ``ahead``, kept with it
-        (a later hit gets it too; the prompt's own cache and log-probabilities are those of the prompt alone)."""
+                draft: Sequence[Prefix] = ()) -> Prefilled:
+        """The prompt's cache, from the longest cached prefix on. ``draft``: token paths likely to follow (a tree,
+        each path after its parent, :func:`forward_padded`), fed in the same forward where the prompt is not
+        cached whole; the log-probabilities after each are the answer's ``ahead``, kept with it (a later hit gets
+        them too; the prompt's own cache and log-probabilities are those of the prompt alone)."""
         import torch
 
         ids = tuple(int(t) for t in prompt_ids)
@@ -101,16 +102,15 @@ class PromptCache:
             self.tokens_reused += len(ids)
             return self._entries[(adapter, ids)]
         best, shared = self._nearest(adapter, ids)
-        draft = tuple(int(t) for t in draft)
-        if best is None:
-            out = model(input_ids=torch.tensor([list(ids + draft)], device=device), use_cache=True, logits_to_keep=len(draft) + 1)
-            layers, rows = _layers(out.cache), out.logits[0].float().log_softmax(dim=-1)
+        draft = tuple(tuple(int(t) for t in path) for path in draft)
+        if draft:
+            (layers, rows, tree_rows), = forward_padded(model, [(ids, best, shared, draft)], device, keep=[1])
+            prefilled = Prefilled(ids, layers, rows[-1], ahead=(draft, tree_rows))
+        elif best is None:
+            out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
+            prefilled = Prefilled(ids, _layers(out.cache), out.logits[0, -1].float().log_softmax(dim=-1))
         else:
-            whole, rows = extend(model, best, shared, ids + draft, keep=len(draft) + 1)
-            layers = whole.layers
-        prefilled = Prefilled(ids, [(k[:, :, :len(ids)], v[:, :, :len(ids)]) for k, v in layers] if draft else layers, rows[0])
-        if draft:  # kept with the prompt (the same tensors): a later hit on it gets the draft's positions too
-            prefilled.ahead = (draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:])
+            prefilled, _ = extend(model, best, shared, ids, keep=1)
         self.tokens_reused += shared
         self.tokens_prefilled += len(ids) - shared
         self._entries[(adapter, ids)] = prefilled
@@ -131,29 +131,27 @@ class PromptCache:
         return (best, shared) if shared else (None, 0)
 
     def prefill_many(self, model: Any, prompts: Sequence[Sequence[int]], adapter: str | None, device: str,
-                     drafts: Sequence[Sequence[int]] | None = None) -> list[Prefilled]:
+                     drafts: Sequence[Sequence[Prefix]] | None = None) -> list[Prefilled]:
         """``prefill`` of several prompts under one adapter (each with its ``drafts`` entry, as ``prefill``'s
         ``draft``), what each needs fed as one batch (:func:`forward_padded`: each continues from its own longest
         cached prefix). Each prompt's cache and next-token log-probabilities are stored as ``prefill`` alone would
         store them (equal within float rounding)."""
         keys = [tuple(int(t) for t in p) for p in prompts]
-        wanted = dict(zip(keys, (tuple(int(t) for t in d) for d in drafts))) if drafts is not None else {}
+        wanted = {}
+        for ids, draft in zip(keys, drafts or ()):
+            wanted[ids] = tuple(tuple(int(t) for t in path) for path in draft)
         fresh = [ids for ids in dict.fromkeys(keys) if (adapter, ids) not in self._entries]
         if len(fresh) < 2:
             return [self.prefill(model, ids, adapter, device, wanted.get(ids, ())) for ids in keys]
-        # (ids and draft, the cache they continue from, its length)
-        plans = [(ids + wanted.get(ids, ()), *self._nearest(adapter, ids)) for ids in fresh]
-        keep = [len(wanted.get(ids, ())) + 1 for ids in fresh]
+        # (ids, the cache they continue from, its length, the draft)
+        plans = [(ids, *self._nearest(adapter, ids), wanted.get(ids, ())) for ids in fresh]
         done = {}
-        for ids, (_, _, shared), (layers, rows) in zip(fresh, plans, forward_padded(model, plans, device, keep=keep)):
-            draft, n = wanted.get(ids, ()), len(ids)
+        for (ids, _, shared, draft), (layers, rows, tree_rows) in zip(plans, forward_padded(model, plans, device, keep=[1] * len(plans))):
             # Stored for later prompts: copies, so the batch's own tensors are freed.
-            layers = [(k.clone(), v.clone()) for k, v in layers]
-            done[ids] = Prefilled(ids, [(k[:, :, :n], v[:, :, :n]) for k, v in layers] if draft else layers, rows[0])
-            if draft:
-                done[ids].ahead = (draft, Prefilled(ids + draft, layers, rows[-1]), rows[1:])
+            done[ids] = Prefilled(ids, [(k.clone(), v.clone()) for k, v in layers], rows[-1],
+                                  ahead=(draft, tree_rows) if draft else None)
             self.tokens_reused += shared
-            self.tokens_prefilled += n - shared
+            self.tokens_prefilled += len(ids) - shared
             self._entries[(adapter, ids)] = done[ids]
         self.batched_prefills += 1
         self.batched_prompts += len(plans)
@@ -162,57 +160,72 @@ class PromptCache:
         return [done[ids] if ids in done else self.prefill(model, ids, adapter, device, wanted.get(ids, ())) for ids in keys]
 
 
-Plan = tuple[tuple[int, ...], "Prefilled | None", int]  # token ids, the cache they continue from (or none), its length
+# token ids, the cache they continue from (or none), its length, and a draft: token paths branching from ids' end
+Plan = tuple[tuple[int, ...], "Prefilled | None", int, tuple[Prefix, ...]]
 
 
-def forward_padded(model: Any, plans: Sequence[Plan], device: str, keep: Sequence[int] | None = None) -> list[tuple[list[tuple[Any, Any]], Any]]:
-    """One forward feeding each plan's ``ids[shared:]`` after the first ``shared`` tokens of its own cache: the caches
-    left-padded to one length and masked there, each row's tokens at their own positions, the fed tokens
-    right-padded and masked. Per plan: its ``ids``' cache, one (keys, values) pair a layer of shape
-    (1, heads, len(ids), dim) (views of the batch's tensors), and the log-probabilities after each fed token,
-    shape (fed, vocab), or after the last ``keep[i]`` of plan i's. Equal within float rounding to feeding each plan
-    alone (:func:`extend`)."""
+def forward_padded(model: Any, plans: Sequence[Plan], device: str,
+                   keep: Sequence[int] | None = None) -> list[tuple[list[tuple[Any, Any]], Any, Any]]:
+    """One forward of several rows, each feeding its plan's ``ids[shared:]`` after the first ``shared`` tokens of
+    its own cache, then its draft: a tree of token paths branching from the end of ``ids`` (each path after its
+    parent, ``path[:-1]``), every node attending to the cache, the fed ids and its own ancestors only, at the
+    position it would have in a sequence. The caches are left-padded to one length and masked there, the fed
+    tokens right-padded and masked (one 4-D attention mask). Per plan: the cache of its ``ids``, one (keys, values)
+    pair a layer of shape (1, heads, len(ids), dim) (views of the batch's tensors; a draft's keys are not kept),
+    the log-probabilities after each fed id, shape (fed, vocab) (or after the last ``keep[i]``), and after each
+    draft node, shape (nodes, vocab). Equal within float rounding to feeding each row, and each of its draft's
+    paths, alone (:func:`extend`)."""
     import torch
 
-    cached = max(shared for _, _, shared in plans)
-    fed = max(len(ids) - shared for ids, _, shared in plans)
+    cached = max(shared for _, _, shared, _ in plans)
+    chains = [len(ids) - shared for ids, _, shared, _ in plans]
+    width = max(n + len(tree) for n, (_, _, _, tree) in zip(chains, plans))
     pad = plans[0][0][0]  # any token: padded places are masked and cut away
-    input_ids = torch.tensor([list(ids[shared:]) + [pad] * (fed - len(ids) + shared) for ids, _, shared in plans], device=device)
-    mask = torch.tensor([[0] * (cached - shared) + [1] * len(ids) + [0] * (fed - len(ids) + shared)
-                         for ids, _, shared in plans], device=device)
-    positions = torch.stack([torch.arange(shared, shared + fed, device=device) for _, _, shared in plans])
+    input_ids = torch.full((len(plans), width), pad, dtype=torch.long)
+    positions = torch.zeros((len(plans), width), dtype=torch.long)
+    mask = torch.zeros((len(plans), 1, width, cached + width), dtype=torch.bool)
+    for i, ((ids, _, shared, tree), n) in enumerate(zip(plans, chains)):
+        input_ids[i, :n] = torch.tensor(ids[shared:])
+        positions[i, :n] = torch.arange(shared, shared + n)
+        mask[i, 0, :n + len(tree), cached - shared:cached] = True  # its own cache
+        mask[i, 0, :n, cached:cached + n] = torch.ones(n, n, dtype=torch.bool).tril()  # the fed ids, causally
+        mask[i, 0, n:n + len(tree), cached:cached + n] = True  # a node sees every fed id
+        node = {path: n + j for j, path in enumerate(tree)}
+        for path, q in node.items():
+            input_ids[i, q] = path[-1]
+            positions[i, q] = shared + n - 1 + len(path)
+            for k in range(1, len(path) + 1):  # itself and its ancestors in the tree
+                mask[i, 0, q, cached + node[path[:k]]] = True
+        for q in range(n + len(tree), width):  # a padded place sees itself only (no row of the mask is empty)
+            mask[i, 0, q, cached + q] = True
     kwargs: dict[str, Any] = {}
     if cached:
         from transformers import DynamicCache
 
-        template = next(start for _, start, _ in plans if start is not None).layers
+        template = next(start for _, start, _, _ in plans if start is not None).layers
         layers = []
         for layer, pair in enumerate(template):
             padded = []
             for which, like in enumerate(pair):
                 block = like.new_zeros(len(plans), like.shape[1], cached, like.shape[3])
-                for i, (_, start, shared) in enumerate(plans):
+                for i, (_, start, shared, _) in enumerate(plans):
                     if start is not None and shared:
                         block[i, :, cached - shared:] = start.layers[layer][which][0, :, :shared]
                 padded.append(block)
             layers.append(tuple(padded))
         kwargs["cache"] = DynamicCache(layers)
-    if keep is None:
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=0, **kwargs)
-        logits = [out.logits[i, :len(ids) - shared] for i, (ids, _, shared) in enumerate(plans)]
-    else:
-        # the positions any row keeps, computed for every row (lm_head over those only), each row then taking its own
-        wanted = [range(len(ids) - shared - k, len(ids) - shared) for (ids, _, shared), k in zip(plans, keep)]
-        kept = sorted({j for positions in wanted for j in positions})
-        at = {j: n for n, j in enumerate(kept)}
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=torch.tensor(kept, device=device), **kwargs)
-        logits = [out.logits[i, [at[j] for j in positions]] for i, positions in enumerate(wanted)]
+    # the places any row reads, lm_head computed over those only; each row then takes its own
+    wanted = [list(range(n - (n if keep is None else keep[i]), n + len(tree))) for i, ((_, _, _, tree), n) in enumerate(zip(plans, chains))]
+    kept = sorted({q for places in wanted for q in places})
+    at = {q: m for m, q in enumerate(kept)}
+    out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                use_cache=True, logits_to_keep=torch.tensor(kept, device=device), **kwargs)
     rows = []
-    for i, (ids, _, shared) in enumerate(plans):
+    for i, ((ids, _, shared, tree), n, places) in enumerate(zip(plans, chains, wanted)):
+        logprobs = out.logits[i, [at[q] for q in places]].float().log_softmax(dim=-1)
         start = cached - shared
         rows.append(([(k[i:i + 1, :, start:start + len(ids)], v[i:i + 1, :, start:start + len(ids)]) for k, v in _layers(out.cache)],
-                     logits[i].float().log_softmax(dim=-1)))
+                     logprobs[:len(places) - len(tree)], logprobs[len(places) - len(tree):]))
     return rows
 
 
@@ -220,11 +233,12 @@ class ChoiceWalk:
     """Draws a guided choice token by token under ``mask`` (a :class:`ChoiceMask`: vLLM's string-prefix mask),
     from ``root``, the prompt's cache; each path drawn ends in the mask's EOS."""
 
-    def __init__(self, model: Any, root: Prefilled, mask: Any, kept_caches: int = 4, draft: int = 8) -> None:
+    def __init__(self, model: Any, root: Prefilled, mask: Any, kept_caches: int = 4, draft: int = 48) -> None:
         self.model, self.root, self.mask = model, root, mask
-        # Each forward also feeds up to ``draft`` tokens the mask says are likely next (``ChoiceMask.draft``): on a
-        # CPU or a GPU a decode forward of a few more tokens costs about as much as one, and a draw that follows
-        # them needs no forward of its own. The draw and its log-probabilities are the same either way.
+        # Each forward also feeds a tree of up to ``draft`` tokens: every open choice's rest, as it is likely
+        # tokenised (``ChoiceMask.draft``). A decode forward of a few dozen more tokens costs little more than one
+        # (it is bound by reading the weights), and a draw that follows the tree needs no forward of its own. The
+        # draw and its log-probabilities are the same either way.
         self.draft = draft
         self.forwards = 0
         self._logprobs: dict[Prefix, Any] = {(): root.next_logprobs}  # the model's log-probs after each prefix
@@ -232,34 +246,39 @@ class ChoiceWalk:
         # samples keeps ``kept_caches`` of them and goes back to the prompt's cache for the rest).
         self._caches: collections.OrderedDict[Prefix, Prefilled] = collections.OrderedDict()
         self.kept_caches = kept_caches
-        if root.ahead is not None:  # the prompt's prefill fed a draft: its positions are known already
-            self._record(*_ahead(root), counted=False)
+        if root.ahead is not None:  # the prompt's prefill fed a draft: its places are known already
+            self._logprobs.update(zip(*root.ahead))
 
     def logprobs(self, prefix: Prefix) -> Any:
         """The model's log-probabilities for the token after ``prefix`` (one forward from the nearest cache)."""
         if prefix not in self._logprobs:
-            start, shared = self._nearest(prefix)
-            path = self.fed_path(prefix)
-            self._record(path, shared, *extend(self.model, start, len(self.root.ids) + shared, self.root.ids + path))
+            advance_walks(self.model, [(self, prefix)], self.root.next_logprobs.device)
         return self._logprobs[prefix]
 
-    def fed_path(self, prefix: Prefix) -> Prefix:
-        """What a forward for ``prefix`` computes: ``prefix`` and its draft."""
-        return prefix + tuple(self.mask.draft(prefix, self.draft)) if self.draft else prefix
+    def plan(self, prefix: Prefix) -> Plan:
+        """What a forward for ``prefix`` feeds: from the nearest kept cache, ``prefix``'s ids, then its draft."""
+        start, shared = self._nearest(prefix)
+        tree = tuple(tuple(path) for path in self.mask.draft(prefix, self.draft)) if self.draft else ()
+        return self.root.ids + prefix, start, len(self.root.ids) + shared, tree
+
+    def record(self, prefix: Prefix, plan: Plan, layers: list[tuple[Any, Any]], rows: Any, tree_rows: Any) -> None:
+        """Keep what a forward for ``prefix`` gave: its cache, the log-probabilities after each id it fed (from the
+        cache it continued on) and after each draft node."""
+        ids, _, shared, tree = plan
+        self.forwards += 1
+        self._caches[prefix] = Prefilled(ids, layers, rows[-1])
+        while len(self._caches) > self.kept_caches:
+            self._caches.popitem(last=False)
+        fed = shared - len(self.root.ids)
+        for k in range(len(rows)):
+            self._logprobs[prefix[:fed + k + 1]] = rows[k]
+        for path, row in zip(tree, tree_rows):
+            self._logprobs[prefix + path] = row
 
     def _nearest(self, prefix: Prefix) -> tuple[Prefilled, int]:
         """The kept cache sharing the longest part of ``prefix`` (the prompt's where none does), and that length."""
         return max(((cached, _common_length(p, prefix)) for p, cached in self._caches.items()),
                    key=lambda item: item[1], default=(self.root, 0))
-
-    def _record(self, prefix: Prefix, shared: int, prefilled: Prefilled, rows: Any, counted: bool = True) -> None:
-        """Keep the cache a forward ended at, and the log-probabilities after each token it fed (from ``shared`` on)."""
-        self.forwards += counted
-        self._caches[prefix] = prefilled
-        while len(self._caches) > self.kept_caches:
-            self._caches.popitem(last=False)
-        for k in range(len(rows)):
-            self._logprobs[prefix[:shared + k + 1]] = rows[k]
 
     def steps(self, temperature: float, generator: Any = None) -> Generator[Prefix, None, Prefix]:
         """``draw`` as a generator: it yields each prefix whose log-probabilities it needs and does not have, to be
@@ -314,29 +333,16 @@ class ChoiceWalk:
         return values, allowed_values
 
 
-def _ahead(root: Prefilled) -> tuple[Prefix, int, Prefilled, Any]:
-    tokens, cache, rows = root.ahead
-    return tokens, 0, cache, rows
-
-
 def advance_walks(model: Any, needs: Sequence[tuple[ChoiceWalk, Prefix]], device: str, together_from: int = 2) -> list[int]:
-    """The log-probabilities each walk needs after its prefix, every walk's from its nearest cache, as one forward
-    (:func:`forward_padded`): continuous batching's decode step. Fewer than ``together_from`` needs run one
-    forward each (``ChoiceWalk.logprobs``). Returns the walks each forward advanced."""
-    if len(needs) < max(together_from, 2):
-        for walk, prefix in needs:
-            walk.logprobs(prefix)
-        return [1] * len(needs)
-    plans, starts, paths = [], [], []
-    for walk, prefix in needs:
-        start, shared = walk._nearest(prefix)
-        paths.append(walk.fed_path(prefix))
-        plans.append((walk.root.ids + paths[-1], start, len(walk.root.ids) + shared))
-        starts.append(shared)
-    batch = forward_padded(model, plans, device)
-    for (walk, _), path, shared, (layers, rows) in zip(needs, paths, starts, batch):
-        walk._record(path, shared, Prefilled(walk.root.ids + path, layers, rows[-1]), rows)
-    return [len(needs)]
+    """The log-probabilities each walk needs after its prefix, every walk's from its nearest cache with its draft,
+    as one forward (:func:`forward_padded`): continuous batching's decode step. Fewer than ``together_from`` needs
+    run one forward each. Returns the walks each forward advanced."""
+    groups = [needs] if len(needs) >= max(together_from, 2) else [[need] for need in needs]
+    for group in groups:
+        plans = [walk.plan(prefix) for walk, prefix in group]
+        for (walk, prefix), plan, answer in zip(group, plans, forward_padded(model, plans, device)):
+            walk.record(prefix, plan, *answer)
+    return [len(group) for group in groups]
 
 
 def score_choices(model: Any, root: Prefilled, completions: Sequence[Sequence[int]], pad: int, batch: int = 16) -> list[list[float]]:
