@@ -57,7 +57,7 @@ def measure(model_name: str, prompt_tokens: int, batches: list[int], repeats: in
 
         def forward(batch: int) -> float:
             # each row continues from its own prompt's cache, as each walk does from its own request's prompt
-            plans = [(root.ids + tuple(torch.randint(0, vocab, (fed,), generator=generator).tolist()), root, len(root.ids))
+            plans = [(root.ids + tuple(torch.randint(0, vocab, (fed,), generator=generator).tolist()), root, len(root.ids), ())
                      for root in roots[:batch]]
             started = time.perf_counter()
             forward_padded(model, plans, "cpu")

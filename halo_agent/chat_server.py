@@ -44,8 +44,10 @@ more) have their prompts prefilled in one forward per adapter, each continuing f
 caches left-padded and masked, the fed tokens right-padded), each prompt's cache stored as its prefill alone
 would store it. Then every turn advances each request's choice walk by one forward, the walks of one adapter in
 one padded forward, and a request that arrives meanwhile joins at the next. Plain sampling (its seed drives
-torch's global generator) and ``prompt_logprobs`` run alone, in order of arrival. Every answer equals the one
-the request gets alone: the same draw for the same seed, logprobs within float rounding.
+torch's global generator) and ``prompt_logprobs`` run alone, in order of arrival. Each prefill and walk forward
+also feeds a tree of every open choice's rest, so a draw that follows it needs no forward of its own; on a CPU
+the linear layers run on oneDNN (``--linear-kernel``). Every answer equals the one the request gets alone: the
+same draw for the same seed, logprobs within float rounding.
 ``--max-batch 1`` runs each request alone, in order of arrival.
 
 Token-exact answers, in vLLM's shapes:

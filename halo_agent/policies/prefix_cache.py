@@ -8,9 +8,11 @@ prefilled only from where the two part, as vLLM's automatic prefix caching does.
 choice), token by token, continuing from the prompt's cache: where more than one token is allowed it needs the
 model's distribution there, which one forward of the tokens since the last place computed gives; a forced
 token needs nothing. So a draw costs the prompt's (cached) prefill and
-a forward of the drawn path, not one of every choice. ``ChoiceWalk.steps`` is the same draw as a generator that
-says which log-probabilities it needs: :func:`advance_walks` computes those of several walks (several requests)
-in one forward, as a continuous-batching engine's decode step does. ``score_choices`` scores every choice's tokens as one
+a forward of the drawn path, not one of every choice. Each forward (and the prompt's prefill) also feeds a tree
+of every open choice's rest (:func:`forward_padded`, ``ChoiceMask.draft``), so a draw that follows the tokenizer's
+split needs no forward after the prefill. ``ChoiceWalk.steps`` is the same draw as a generator that says which
+log-probabilities it needs: :func:`advance_walks` computes those of several walks (several requests) in one
+forward, as a continuous-batching engine's decode step does. ``score_choices`` scores every choice's tokens as one
 batch continuing from the cache (the whole-sequence draw needs them all).
 """
 
