@@ -375,10 +375,10 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         else:
             for w, r in sorted(ro["workers"].items()):
                 long = r["steps_per_second_per_worker_long"]
-                label = {"1": "1 worker", "2": "2 workers", "2-unpinned": "2 unpinned workers"}.get(w, w)
-                rows.append((f"MiniWoB rollout, {label}: steps/s per worker, episodes >= 5 steps", f"{r['long_episodes']} episodes",
+                who = {"1": "1 worker", "2": "2 workers", "2-unpinned": "2 unpinned workers"}.get(w, w)
+                rows.append((f"MiniWoB rollout, {who}: steps/s per worker, episodes >= 5 steps", f"{r['long_episodes']} episodes",
                              fmt_mmm(long, "", 1), ">= 10", met(long["median"] >= 10)))
-                rows.append((f"MiniWoB rollout, {label}: steps/s, whole run", f"{r['steps']} steps", fmt_mmm(r["steps_per_second"], "", 1), "", "-"))
+                rows.append((f"MiniWoB rollout, {who}: steps/s, whole run", f"{r['steps']} steps", fmt_mmm(r["steps_per_second"], "", 1), "", "-"))
             if ro.get("speedup_2_workers"):
                 sp = mmm(ro.get("speedups_2_workers") or [ro["speedup_2_workers"]])  # older results hold one figure
                 rows.append(("MiniWoB rollout, 2 workers / 1 worker (x)", "side by side", fmt_mmm(sp, "x", 2), ">= 1.5x", met(sp["median"] >= 1.5)))
