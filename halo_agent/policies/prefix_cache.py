@@ -200,8 +200,12 @@ def forward_padded(model: Any, plans: Sequence[Plan], device: str,
                 mask[i, 0, q, cached + node[path[:k]]] = True
         for q in range(n + len(tree), width):  # a padded place sees itself only (no row of the mask is empty)
             mask[i, 0, q, cached + q] = True
-    kwargs: dict[str, Any] = {}
-    if cached:
+    kwargs: dict[str, Any] = {"attention_mask": mask.to(device)}
+    if len(plans) == 1 and not plans[0][3]:
+        del kwargs["attention_mask"]  # one row, no tree: plain causal attention, as a forward of that row alone
+    if len(plans) == 1 and cached:
+        kwargs["cache"] = plans[0][1].cache(cached)  # its own cache as it is: no padded copy
+    elif cached:
         from transformers import DynamicCache
 
         template = next(start for _, start, _, _ in plans if start is not None).layers
@@ -220,8 +224,8 @@ def forward_padded(model: Any, plans: Sequence[Plan], device: str,
     wanted = [list(range(n - (n if keep is None else keep[i]), n + len(tree))) for i, ((_, _, _, tree), n) in enumerate(zip(plans, chains))]
     kept = sorted({q for places in wanted for q in places})
     at = {q: m for m, q in enumerate(kept)}
-    out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=True, logits_to_keep=torch.tensor(kept, device=device), **kwargs)
+    out = model(input_ids=input_ids.to(device), position_ids=positions.to(device), use_cache=True,
+                logits_to_keep=torch.tensor(kept, device=device), **kwargs)
     rows = []
     for i, ((ids, _, shared, tree), n, places) in enumerate(zip(plans, chains, wanted)):
         logprobs = out.logits[i, [at[q] for q in places]].float().log_softmax(dim=-1)
