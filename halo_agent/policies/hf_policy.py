@@ -227,8 +227,8 @@ class LocalChatModel:
                     raise ModelLoadError(f"--linear-kernel onednn: {e}") from None
                 log.warning("linear layers stay on torch's kernel: %s", e)
         # The fewest choice walks advanced in one padded forward (fewer run one forward each). MKL's sgemm (torch's
-        # CPU linear) of 2 or 3 rows costs about as many single-row products: a forward of 2 walks took 1.1x two
-        # alone, of 3 0.93x, of 4 0.54x (SmolLM2-135M, 2 threads). oneDNN's and a GPU's pay from 2.
+        # CPU linear) of 2 or 3 rows costs about as many single-row products: a forward of 2 walks took 1.08x two
+        # alone, of 4 0.55x (SmolLM2-135M, 2 threads, bench engine-batch). oneDNN's and a GPU's pay from 2.
         self.walk_batch_from = 3 if self.device == "cpu" and self.linear_kernel == "torch" else 2
         # The most draft tokens a choice walk's forward (and a prompt's prefill) feeds (ChoiceWalk; 0: none).
         self.choice_draft = 48

@@ -2,9 +2,10 @@
 
 A small model's decode forward on a CPU is bound by reading its weights. torch's ``F.linear`` runs MKL's sgemm,
 which for 2 or 3 rows costs about as many single-row products: a forward advancing 2 choice walks took as long
-as 2 forwards of one. oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``, the kernel torch's own compiler
-fuses into on a CPU) reads the weights once for every row: the same 2-walk forward took 0.60x of two forwards,
-a 500-token prefill 0.79x (SmolLM2-135M, fp32, 2 threads; logprobs within 3e-5 of sgemm's).
+as 2 forwards of one (1.08x). oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``, the kernel torch's own
+compiler fuses into on a CPU) reads the weights once for every row: the same 2-walk forward took 0.71x of two
+forwards, a 500-token prefill 0.84x (SmolLM2-135M, fp32, 2 threads, ``python -m bench engine-batch``; the
+trainer's first-update ratios within 5.1e-5 of 1, ``python -m bench ratios``).
 
 ``use_onednn_linear`` switches every ``nn.Linear`` of a model (adapters loaded later keep torch's: a LoRA
 factor is a few rows) to oneDNN, where torch has it, after checking one layer's output against ``F.linear``.
