@@ -17,7 +17,7 @@ COMMANDS = {
     "search": ("bench.search", "MCTS against best-of-N at one env-step budget"),
     "learning": ("bench.learning", "the pre-registered learning experiment (run, status, export; bench/protocols/)"),
     "serving": ("bench.serving", "HALO's chat server on constrained rollouts: cached scoring against the full one, steps/s"),
-    "engine-batch": ("bench.engine_batch", "one decode forward of the served model at batch 1, 2, 4, 8: what batching choice walks would save"),
+    "engine-batch": ("bench.engine_batch", "the chat server's padded decode step at batch 1, 2, 4, 8 under torch's and oneDNN's linear kernels"),
     "ratios": ("bench.ratios", "first-update importance ratios of served rows: --engine server | hf | vllm"),
     "browser": ("bench.browser", "headless Chromium: Debian's full browser against its headless shell, CPU per launch and episode"),
     "suite-time": ("bench.suite_time", "the whole test suite's wall time (the README's command), with the load beside it"),

@@ -141,6 +141,8 @@ def with_generation_config(model: str, folder: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from halo_agent.policies.linear_kernels import LINEAR_KERNELS
+
     parser = argparse.ArgumentParser(prog="python -m bench ratios", description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("server", "hf", "vllm"), default="server")
     parser.add_argument("--model", default=None, help="a local model folder or a known name such as smollm2-135m-instruct "
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generation-config", action="store_true",
                         help="serve a copy of the model whose generation_config.json sets Qwen2.5-Instruct's sampling defaults")
-    parser.add_argument("--linear-kernel", choices=("auto", "onednn", "torch"), default="auto",
+    parser.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default="auto",
                         help="the chat server's CPU linear kernel (--engine server), as its --linear-kernel")
     parser.add_argument("--vllm-args", default="", help="more options for vllm serve, e.g. '--max-model-len 4096'")
     parser.add_argument("--out", default=None, help="where to write the JSON (default bench/results/ratios/)")

@@ -127,14 +127,26 @@ class EngineLoop:
                 counts.update(requests=1)
             else:
                 if taken:
-                    jobs = self._guarded(lambda: self.engine.start_choices([w.choice for w in taken]), [w.choice for w in taken])
+                    try:
+                        jobs = self.engine.start_choices([w.choice for w in taken])
+                    except Exception as e:  # noqa: BLE001 (the engine itself failed: each request admitted fails with it)
+                        log.exception("the engine failed to admit %d requests", len(taken))
+                        jobs = [ChoiceJob(w.choice) for w in taken]
+                        for job in jobs:
+                            job.fail(e)
                     active += zip(taken, jobs)
                     counts.update(requests=len(taken))
                     together = collections.Counter(job.adapter for job in jobs if job.batched)  # prefilled as one batch
                     self.stats["largest_batch"] = max([self.stats["largest_batch"], 1, *together.values()])
                 stepping = [job for _, job in active if not job.done]
                 if stepping:
-                    sizes = self._guarded(lambda: self.engine.step_choices(stepping), stepping)
+                    try:
+                        sizes = self.engine.step_choices(stepping)
+                    except Exception as e:  # noqa: BLE001 (the engine itself failed: each request in progress fails with it)
+                        log.exception("the engine failed a step of %d requests", len(stepping))
+                        sizes = []
+                        for job in stepping:
+                            job.fail(e)
                     counts.update(walk_forwards=len(sizes), walk_rows=sum(sizes))
                     self.stats["largest_batch"] = max([self.stats["largest_batch"], *sizes])
                 still = []
@@ -154,20 +166,6 @@ class EngineLoop:
             for work in self._queue:
                 work.future.set_exception(RuntimeError("the engine has stopped"))
             self._queue.clear()
-
-    @staticmethod
-    def _guarded(step: Callable[[], Any], requests: list[Any]) -> Any:
-        """``step()``. Where the engine itself fails (not one request's draw), every request it was for fails with
-        the error: those admitted (``requests``: their ``ChoiceRequest``) get answered jobs, those in progress
-        (``requests``: their ``ChoiceJob``) are answered; no request is left waiting."""
-        try:
-            return step()
-        except Exception as e:  # noqa: BLE001
-            log.exception("the engine failed a turn")
-            jobs = [r if isinstance(r, ChoiceJob) else ChoiceJob(r) for r in requests]
-            for job in jobs:
-                job.answer, job.done, job.need = e, True, None
-            return [] if requests and isinstance(requests[0], ChoiceJob) else jobs
 
 
 def _settle(future: concurrent.futures.Future, answer: Any) -> None:

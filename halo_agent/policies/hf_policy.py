@@ -120,7 +120,11 @@ class ChoiceJob:
         except StopIteration as finished:
             self.need, self.answer, self.done = None, finished.value, True
         except Exception as e:  # noqa: BLE001 (the request's own failure is its answer)
-            self.need, self.answer, self.done = None, e, True
+            self.fail(e)
+
+    def fail(self, error: Exception) -> None:
+        """Answer the request with ``error``."""
+        self.need, self.answer, self.done = None, error, True
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
@@ -486,7 +490,8 @@ class LocalChatModel:
                     raise ValueError("choices must not be empty")
                 prompts.append(self.chat_prompt(job.request.messages)[0])
             except Exception as e:  # noqa: BLE001 (a request's own failure is its answer)
-                job.answer, job.done, prompts = e, True, prompts + [[]]
+                job.fail(e)
+                prompts.append([])
         cached = self.score_mode == "cached" and self.processor is None
         with self._lock:
             roots: dict[int, Prefilled] = {}
@@ -534,7 +539,7 @@ class LocalChatModel:
                         forwards = advance_walks(self.model, [job.need for job in members], self.device, self.walk_batch_from)
                     except Exception as e:  # noqa: BLE001 (every job of the forward fails with it)
                         for job in members:
-                            job.answer, job.done = e, True
+                            job.fail(e)
                         continue
                     sizes += forwards
                     for job in members:
@@ -542,11 +547,12 @@ class LocalChatModel:
                         job.advance()
         return sizes
 
-    def _opening_draft(self, request: ChoiceRequest) -> list[tuple[int, ...]]:
-        """``request``'s choices as a token tree (``ChoiceMask.draft``), fed with its prompt's prefill."""
+    def _opening_draft(self, request: ChoiceRequest, mask: ChoiceMask | None = None) -> list[tuple[int, ...]]:
+        """``request``'s choices as a token tree (``ChoiceMask.draft``; its ``mask`` where it has one already), fed
+        with its prompt's prefill."""
         if self.choice_draw != "token" or not self.choice_draft:
             return []
-        return ChoiceMask(self.tokenizer, request.choices, self._choice_eos()).draft((), self.choice_draft)
+        return (mask or ChoiceMask(self.tokenizer, request.choices, self._choice_eos())).draft((), self.choice_draft)
 
     def _choice_eos(self) -> int:
         return self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
@@ -570,7 +576,7 @@ class LocalChatModel:
             mask = ChoiceMask(self.tokenizer, choices, eos)
             if root is None:  # full: the whole prompt afresh, nothing kept; the mask's draft fed with it
                 root = (self.prompt_cache if cached else PromptCache(1)).prefill(self.model, prompt_ids, adapter, self.device,
-                                                                                 draft=self._opening_draft(request))
+                                                                                 draft=self._opening_draft(request, mask))
             walk = ChoiceWalk(self.model, root, mask, draft=self.choice_draft)
             picks = []
             for _ in range(int(n) if temperature > 0 else 1):

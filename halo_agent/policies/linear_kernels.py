@@ -13,11 +13,8 @@ factor is a few rows) to oneDNN, where torch has it, after checking one layer's 
 
 from __future__ import annotations
 
-import logging
 import types
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 LINEAR_KERNELS = ("auto", "onednn", "torch")  # auto: oneDNN on a CPU where torch has it, else torch's
 

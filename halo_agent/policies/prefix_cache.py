@@ -60,19 +60,6 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def extend(model: Any, start: Prefilled, length: int, ids: Sequence[int], keep: int = 0) -> tuple[Prefilled, Any]:
-    """Feed ``ids[length:]`` after the first ``length`` tokens of ``start``'s cache (``length`` < len(ids)).
-    Returns the prefilled ``ids`` and the log-probabilities after each fed token, shape (fed, vocab), or after
-    the last ``keep`` of them (a prompt's: its other positions nothing reads)."""
-    import torch
-
-    fed = list(ids[length:])
-    out = model(input_ids=torch.tensor([fed], device=start.next_logprobs.device), cache=start.cache(length),
-                use_cache=True, logits_to_keep=keep)
-    logprobs = out.logits[0].float().log_softmax(dim=-1)
-    return Prefilled(tuple(ids), _layers(out.cache), logprobs[-1]), logprobs
-
-
 class PromptCache:
     """The KV caches of the last ``capacity`` prompts per adapter; ``prefill`` reuses the longest shared prefix."""
 
@@ -95,8 +82,6 @@ class PromptCache:
         each path after its parent, :func:`forward_padded`), fed in the same forward where the prompt is not
         cached whole; the log-probabilities after each are the answer's ``ahead``, kept with it (a later hit gets
         them too; the prompt's own cache and log-probabilities are those of the prompt alone)."""
-        import torch
-
         ids = tuple(int(t) for t in prompt_ids)
         if (adapter, ids) in self._entries:
             self._entries.move_to_end((adapter, ids))
@@ -105,14 +90,8 @@ class PromptCache:
             return self._entries[(adapter, ids)]
         best, shared = self._nearest(adapter, ids)
         draft = tuple(tuple(int(t) for t in path) for path in draft)
-        if draft:
-            (layers, rows, tree_rows), = forward_padded(model, [(ids, best, shared, draft)], device, keep=[1])
-            prefilled = Prefilled(ids, layers, rows[-1], ahead=(draft, tree_rows))
-        elif best is None:
-            out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
-            prefilled = Prefilled(ids, _layers(out.cache), out.logits[0, -1].float().log_softmax(dim=-1))
-        else:
-            prefilled, _ = extend(model, best, shared, ids, keep=1)
+        (layers, rows, tree_rows), = forward_padded(model, [(ids, best, shared, draft)], device, keep=[1])
+        prefilled = Prefilled(ids, layers, rows[-1], ahead=(draft, tree_rows) if draft else None)
         self.tokens_reused += shared
         self.tokens_prefilled += len(ids) - shared
         self._entries[(adapter, ids)] = prefilled
@@ -176,33 +155,36 @@ def forward_padded(model: Any, plans: Sequence[Plan], device: str,
     pair a layer of shape (1, heads, len(ids), dim) (views of the batch's tensors; a draft's keys are not kept),
     the log-probabilities after each fed id, shape (fed, vocab) (or after the last ``keep[i]``), and after each
     draft node, shape (nodes, vocab). Equal within float rounding to feeding each row, and each of its draft's
-    paths, alone (:func:`extend`)."""
+    paths, alone."""
     import torch
 
     cached = max(shared for _, _, shared, _ in plans)
     chains = [len(ids) - shared for ids, _, shared, _ in plans]
     width = max(n + len(tree) for n, (_, _, _, tree) in zip(chains, plans))
     pad = plans[0][0][0]  # any token: padded places are masked and cut away
+    # one row without a tree is plain causal attention, as a forward of that row alone: no mask to build
+    masked = len(plans) > 1 or bool(plans[0][3])
     input_ids = torch.full((len(plans), width), pad, dtype=torch.long)
     positions = torch.zeros((len(plans), width), dtype=torch.long)
-    mask = torch.zeros((len(plans), 1, width, cached + width), dtype=torch.bool)
+    mask = torch.zeros((len(plans), 1, width, cached + width) if masked else (0,), dtype=torch.bool)
     for i, ((ids, _, shared, tree), n) in enumerate(zip(plans, chains)):
         input_ids[i, :n] = torch.tensor(ids[shared:])
         positions[i, :n] = torch.arange(shared, shared + n)
-        mask[i, 0, :n + len(tree), cached - shared:cached] = True  # its own cache
-        mask[i, 0, :n, cached:cached + n] = torch.ones(n, n, dtype=torch.bool).tril()  # the fed ids, causally
-        mask[i, 0, n:n + len(tree), cached:cached + n] = True  # a node sees every fed id
         node = {path: n + j for j, path in enumerate(tree)}
         for path, q in node.items():
             input_ids[i, q] = path[-1]
             positions[i, q] = shared + n - 1 + len(path)
+        if not masked:
+            continue
+        mask[i, 0, :n + len(tree), cached - shared:cached] = True  # its own cache
+        mask[i, 0, :n, cached:cached + n] = torch.ones(n, n, dtype=torch.bool).tril()  # the fed ids, causally
+        mask[i, 0, n:n + len(tree), cached:cached + n] = True  # a node sees every fed id
+        for path, q in node.items():
             for k in range(1, len(path) + 1):  # itself and its ancestors in the tree
                 mask[i, 0, q, cached + node[path[:k]]] = True
         for q in range(n + len(tree), width):  # a padded place sees itself only (no row of the mask is empty)
             mask[i, 0, q, cached + q] = True
-    kwargs: dict[str, Any] = {"attention_mask": mask.to(device)}
-    if len(plans) == 1 and not plans[0][3]:
-        del kwargs["attention_mask"]  # one row, no tree: plain causal attention, as a forward of that row alone
+    kwargs: dict[str, Any] = {"attention_mask": mask.to(device)} if masked else {}
     if len(plans) == 1 and cached:
         kwargs["cache"] = plans[0][1].cache(cached)  # its own cache as it is: no padded copy
     elif cached:
