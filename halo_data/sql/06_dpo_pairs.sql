@@ -22,11 +22,28 @@ keyed_steps AS (
     FROM ranked_steps
 ),
 
+-- The prompts with two different outputs, the only ones a pair can come from. Most of a lake's prompts are seen
+-- once (every state after the first few of an episode is new): the pairing below sorts and joins only the rest.
+-- Grouped on one 64-bit hash of the prompt's key, much cheaper than its strings: a collision only lets a prompt
+-- through that cannot pair, which the pairing below drops on the real key.
+contested AS (
+    SELECT hash(task_id, prompt_hash, pair_scope) AS prompt_key
+    FROM keyed_steps
+    GROUP BY prompt_key
+    HAVING min(completion) <> max(completion)
+),
+
+contested_steps AS (
+    SELECT *
+    FROM keyed_steps
+    WHERE hash(task_id, prompt_hash, pair_scope) IN (SELECT prompt_key FROM contested)
+),
+
 -- variable halo_dpo_pairing = 'all': every ordered pair of differing outputs at a prompt (quadratic in its steps)
 all_pairs AS (
     SELECT c, r
-    FROM keyed_steps AS c
-    JOIN keyed_steps AS r
+    FROM contested_steps AS c
+    JOIN contested_steps AS r
         ON c.task_id = r.task_id
         AND c.prompt_hash = r.prompt_hash
         AND c.pair_scope IS NOT DISTINCT FROM r.pair_scope
@@ -45,7 +62,7 @@ all_pairs AS (
 -- outputs with the worst ranks give.
 output_worst AS (
     SELECT task_id, prompt_hash, pair_scope, completion, max(rank) AS worst
-    FROM keyed_steps
+    FROM contested_steps
     WHERE getvariable('halo_dpo_pairing') IS DISTINCT FROM 'all'
     GROUP BY ALL
 ),
@@ -66,7 +83,7 @@ worst_two AS (
 
 best_chosen AS (
     SELECT s AS c, CASE WHEN s.completion = w.worst_output THEN w.runner_up_rank ELSE w.worst_rank END AS rival_rank
-    FROM keyed_steps AS s
+    FROM contested_steps AS s
     JOIN worst_two AS w
         ON s.task_id = w.task_id AND s.prompt_hash = w.prompt_hash AND s.pair_scope IS NOT DISTINCT FROM w.pair_scope
     WHERE rival_rank > s.rank
@@ -77,7 +94,7 @@ best_chosen AS (
 best_pairs AS (
     SELECT b.c, r
     FROM best_chosen AS b
-    JOIN keyed_steps AS r
+    JOIN contested_steps AS r
         ON b.c.task_id = r.task_id
         AND b.c.prompt_hash = r.prompt_hash
         AND b.c.pair_scope IS NOT DISTINCT FROM r.pair_scope
