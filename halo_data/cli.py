@@ -94,24 +94,23 @@ def init(ctx: click.Context, path: str | None, lake_path: str) -> None:
 def query(sql: str, lake_path: str, fmt: str | None, parquet_file: str | None, as_of: str | None, named, view_params) -> None:
     """Run read-only SQL (or - for stdin) against the lake's tables and views."""
     from halo_data import output
-    from halo_data.query import run_query
+    from halo_data.query import run_query, write_query_parquet
 
     if sql == "-":
         sql = sys.stdin.read()
     lake = Lake.open(lake_path)
     try:
+        if parquet_file:  # streamed: a result of any size is written a batch at a time
+            rows = write_query_parquet(lake, parquet_file, sql, parameters=dict(named), as_of=as_of,
+                                       params=_view_params(view_params))
+            click.echo(f"{rows} rows written to {parquet_file}", err=True)
+            return
         table = run_query(lake, sql, parameters=dict(named), as_of=as_of, params=_view_params(view_params))
     except LakeError as e:
         missing = _NO_SUCH_TABLE.match(str(e))
         if missing:
             fail(unknown_name(missing.group(1)))
         raise
-    if parquet_file:
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, parquet_file)
-        click.echo(f"{table.num_rows} rows written to {parquet_file}", err=True)
-        return
     fmt = fmt or ("table" if sys.stdout.isatty() else "json")
     writer = {"table": output.write_table, "json": output.write_json, "nl": output.write_nl, "csv": output.write_csv}[fmt]
     writer(table, sys.stdout)

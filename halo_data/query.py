@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import duckdb
@@ -68,3 +70,40 @@ def run_query(
         raise QueryError(_one_line(e)) from None
     finally:
         con.close()
+
+
+def write_query_parquet(
+    lake: Lake,
+    path: str | os.PathLike[str],
+    sql: str,
+    parameters: Mapping[str, Any] | None = None,
+    as_of: Any = None,
+    params: Any = None,
+    batch_rows: int = 65536,
+) -> int:
+    """Run read-only SQL and stream the last statement's rows into the Parquet file ``path``, a batch at a time
+    (memory stays that of a batch, however many rows the result has); returns the rows written. The file appears
+    whole or not at all: a query that fails midway leaves what was at ``path`` as it was."""
+    import pyarrow.parquet as pq
+
+    statements = check_read_only(sql)
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    con = lake.connect(as_of=as_of, params=params, views=sql)
+    rows = 0
+    try:
+        for stmt in statements[:-1]:
+            con.execute(stmt).fetchall()
+        rel = con.sql(statements[-1], params=dict(parameters or {}) or None)
+        reader = rel.to_arrow_reader(batch_rows) if rel is not None else pa.table({}).to_reader()
+        with pq.ParquetWriter(partial, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        os.replace(partial, target)
+    except (duckdb.Error, OSError) as e:  # DuckDB's error midway through the stream arrives through Arrow's reader as OSError
+        raise QueryError(_one_line(e)) from None
+    finally:
+        partial.unlink(missing_ok=True)
+        con.close()
+    return rows

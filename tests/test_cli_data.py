@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from halo_data import ids
 from halo_data import schema as S
 from halo_data.cli import main
-from halo_data.lake import INFO_PATH, Lake
+from halo_data.lake import INFO_PATH, Lake, LakeError
 from halo_data.views import all_views
 from halo_data.writer import EpisodeWriter
 
@@ -114,6 +114,24 @@ def test_query_parquet_file(shared_lake, tmp_path):
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", f"2 rows written to {out}\n")
     assert pq.read_table(out).to_pylist() == [{"run_id": "r1", "episodes": 2, "any_success": True},
                                               {"run_id": "r2", "episodes": 1, "any_success": False}]
+
+
+def test_query_parquet_streams_in_batches_and_a_query_failing_midway_leaves_the_file_as_it_was(shared_lake, tmp_path):
+    from halo_data.query import write_query_parquet
+
+    out = tmp_path / "out.parquet"
+    rows = write_query_parquet(shared_lake, out, "select x from range(2500) t(x)", batch_rows=1000)
+    assert rows == 2500 and pq.read_table(out).column("x").to_pylist() == list(range(2500))
+    # fails on a row of the third batch, after two were written
+    late = "select case when x >= 2200 then error('row 2200') else x end as x from range(2500) t(x)"
+    with pytest.raises(LakeError, match="^Invalid Input Error: row 2200$"):
+        write_query_parquet(shared_lake, out, late, batch_rows=1000)
+    assert pq.read_table(out).num_rows == 2500 and sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet"]
+    assert error(late, "--lake", shared_lake.root, "--parquet", str(out)) == "Error: Invalid Input Error: row 2200"
+    assert pq.read_table(out).num_rows == 2500
+    result = run("select * from steps where false", "--lake", shared_lake.root, "--parquet", str(out))
+    assert (result.exit_code, result.stderr) == (0, f"0 rows written to {out}\n")
+    assert pq.read_table(out).schema.names == [c.name for c in S.STEPS.columns]
 
 
 def test_query_stdin_and_named_parameters(shared_lake):
