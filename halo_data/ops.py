@@ -346,9 +346,8 @@ TRL_COLUMNS = {
 }
 
 
-def view_rows(lake: Lake, view: str, where: str | None = None, params: Any = None, as_of: Any = None, limit: int | None = None) -> pa.Table:
-    """Rows of a view, filtered by a SQL ``where`` (read-only checked)."""
-    from halo_data.query import run_query
+def view_sql(view: str, where: str | None = None, limit: int | None = None) -> str:
+    """The SQL that reads a view's rows, filtered by a SQL ``where``."""
     from halo_data.views import get_view
 
     get_view(view)
@@ -357,7 +356,14 @@ def view_rows(lake: Lake, view: str, where: str | None = None, params: Any = Non
         sql += f" where {where}"
     if limit:
         sql += f" limit {int(limit)}"
-    return run_query(lake, sql, as_of=as_of, params=params)
+    return sql
+
+
+def view_rows(lake: Lake, view: str, where: str | None = None, params: Any = None, as_of: Any = None, limit: int | None = None) -> pa.Table:
+    """Rows of a view, filtered by a SQL ``where`` (read-only checked)."""
+    from halo_data.query import run_query
+
+    return run_query(lake, view_sql(view, where, limit), as_of=as_of, params=params)
 
 
 def to_trl_records(view: str, table: pa.Table) -> Iterator[dict[str, Any]]:
@@ -377,19 +383,27 @@ def to_trl_records(view: str, table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def export(lake: Lake, view: str, output: str | Path, fmt: str | None = None, where: str | None = None, params: Any = None, as_of: Any = None) -> int:
-    """Write a view to JSONL (TRL column names) or Parquet; returns the row count."""
+    """Write a view to JSONL (TRL column names) or Parquet, a batch of rows at a time; returns the row count. The
+    file appears whole or not at all."""
+    from halo_data.query import query_batches, write_query_parquet
+
     output = Path(output)
     fmt = fmt or ("parquet" if output.suffix == ".parquet" else "jsonl")
-    table = view_rows(lake, view, where=where, params=params, as_of=as_of)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
-    if fmt == "parquet":
-        pq.write_table(table, tmp)
-    elif fmt == "jsonl":
-        with open(tmp, "w") as f:
-            for rec in to_trl_records(view, table):
-                f.write(json.dumps(rec, default=str, ensure_ascii=False) + "\n")
-    else:
+    if fmt not in ("parquet", "jsonl"):
         raise LakeError(f"unknown export format {fmt!r}: use jsonl or parquet")
-    tmp.replace(output)
-    return table.num_rows
+    sql = view_sql(view, where)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        return write_query_parquet(lake, output, sql, as_of=as_of, params=params)
+    tmp = output.with_name(output.name + ".tmp")
+    rows = 0
+    try:
+        with query_batches(lake, sql, as_of=as_of, params=params) as reader, open(tmp, "w") as f:
+            for batch in reader:
+                for rec in to_trl_records(view, pa.Table.from_batches([batch])):
+                    f.write(json.dumps(rec, default=str, ensure_ascii=False) + "\n")
+                rows += batch.num_rows
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return rows

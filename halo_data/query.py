@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -50,6 +51,22 @@ def _one_line(e: BaseException) -> str:
     return first
 
 
+@contextlib.contextmanager
+def _statement(lake: Lake, sql: str, as_of: Any, params: Any) -> Iterator[tuple[duckdb.DuckDBPyConnection, str]]:
+    """A connection for read-only ``sql`` with every statement but the last run, and that last one. DuckDB's errors
+    in the block, a stream's midway included (Arrow's reader raises them as OSError), are one-line QueryErrors."""
+    statements = check_read_only(sql)
+    con = lake.connect(as_of=as_of, params=params, views=sql)
+    try:
+        for stmt in statements[:-1]:
+            con.execute(stmt).fetchall()
+        yield con, statements[-1]
+    except (duckdb.Error, OSError) as e:
+        raise QueryError(_one_line(e)) from None
+    finally:
+        con.close()
+
+
 def run_query(
     lake: Lake,
     sql: str,
@@ -58,18 +75,26 @@ def run_query(
     params: Any = None,
 ) -> pa.Table:
     """Run read-only SQL against the lake's tables and views; returns the last statement's rows."""
-    statements = check_read_only(sql)
-    con = lake.connect(as_of=as_of, params=params, views=sql)
-    try:
-        from halo_data.reader import sql_arrow
+    from halo_data.reader import sql_arrow
 
-        for stmt in statements[:-1]:
-            con.execute(stmt).fetchall()
-        return sql_arrow(con, statements[-1], dict(parameters or {}))
-    except duckdb.Error as e:
-        raise QueryError(_one_line(e)) from None
-    finally:
-        con.close()
+    with _statement(lake, sql, as_of, params) as (con, last):
+        return sql_arrow(con, last, dict(parameters or {}))
+
+
+@contextlib.contextmanager
+def query_batches(
+    lake: Lake,
+    sql: str,
+    parameters: Mapping[str, Any] | None = None,
+    as_of: Any = None,
+    params: Any = None,
+    batch_rows: int = 65536,
+) -> Iterator[pa.RecordBatchReader]:
+    """Run read-only SQL; the last statement's rows as a reader of Arrow batches of up to ``batch_rows``, to read
+    inside the block: memory holds a batch, not the result."""
+    with _statement(lake, sql, as_of, params) as (con, last):
+        rel = con.sql(last, params=dict(parameters or {}) or None)
+        yield rel.to_arrow_reader(batch_rows) if rel is not None else pa.table({}).to_reader()
 
 
 def write_query_parquet(
@@ -81,29 +106,21 @@ def write_query_parquet(
     params: Any = None,
     batch_rows: int = 65536,
 ) -> int:
-    """Run read-only SQL and stream the last statement's rows into the Parquet file ``path``, a batch at a time
-    (memory stays that of a batch, however many rows the result has); returns the rows written. The file appears
-    whole or not at all: a query that fails midway leaves what was at ``path`` as it was."""
+    """Run read-only SQL and stream the last statement's rows into the Parquet file ``path``, a batch at a time;
+    returns the rows written. The file appears whole or not at all: a query that fails midway leaves what was at
+    ``path`` as it was."""
     import pyarrow.parquet as pq
 
-    statements = check_read_only(sql)
     target = Path(path)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    con = lake.connect(as_of=as_of, params=params, views=sql)
     rows = 0
     try:
-        for stmt in statements[:-1]:
-            con.execute(stmt).fetchall()
-        rel = con.sql(statements[-1], params=dict(parameters or {}) or None)
-        reader = rel.to_arrow_reader(batch_rows) if rel is not None else pa.table({}).to_reader()
-        with pq.ParquetWriter(partial, reader.schema) as writer:
-            for batch in reader:
-                writer.write_batch(batch)
-                rows += batch.num_rows
+        with query_batches(lake, sql, parameters, as_of, params, batch_rows) as reader:
+            with pq.ParquetWriter(partial, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
         os.replace(partial, target)
-    except (duckdb.Error, OSError) as e:  # DuckDB's error midway through the stream arrives through Arrow's reader as OSError
-        raise QueryError(_one_line(e)) from None
     finally:
         partial.unlink(missing_ok=True)
-        con.close()
     return rows

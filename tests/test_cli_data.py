@@ -303,6 +303,14 @@ def test_export_parquet_with_where_and_top_percent(shared_lake, tmp_path):
         f"Error: delete statements are not allowed: {READ_ONLY}")
     assert error("export", "bc_rows", str(out), "--lake", shared_lake.root, "--top-percent", "0") == (
         "Error: top_percent must be in (0, 100], got 0.0")
+    # a view whose rows fail while they stream: the file written before stays as it was, in either format
+    jsonl = tmp_path / "bc.jsonl"
+    ok("export", "bc_rows", str(jsonl), "--lake", shared_lake.root, "--top-percent", "100")
+    before = {p.name: p.read_bytes() for p in (out, jsonl)}
+    for target in (out, jsonl):
+        assert error("export", "bc_rows", str(target), "--lake", shared_lake.root, "--top-percent", "100",
+                     "--where", "error('no row') is null") == "Error: Invalid Input Error: no row"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 # ---------------------------------------------------------------------- maintenance
