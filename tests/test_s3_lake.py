@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -114,7 +115,7 @@ def cli(*args: str) -> str:
     return result.output
 
 
-def test_init_query_compact_and_time_travel_through_the_cli(s3_lake):
+def test_init_query_compact_and_time_travel_through_the_cli(s3_lake, tmp_path):
     assert cli("init", s3_lake) == f"lake ready at {s3_lake} (format version 2)\n"
     lake = Lake.open(s3_lake)
     write_episodes(lake, "r1", range(0, 4))
@@ -130,6 +131,12 @@ def test_init_query_compact_and_time_travel_through_the_cli(s3_lake):
     # the views run over the S3 snapshot as over a local one
     ranked = json.loads(cli("query", "--lake", s3_lake, "--json", "select count(*) as n from progress_ranking"))
     assert ranked == [{"n": 6}]
+    # results stream from the S3 snapshot into local files, a batch at a time
+    cli("query", "--lake", s3_lake, "--parquet", str(tmp_path / "steps.parquet"), "select * from steps")
+    assert pq.read_table(tmp_path / "steps.parquet").num_rows == 18
+    assert cli("export", "progress_ranking", str(tmp_path / "ranked.jsonl"), "--lake", s3_lake) == (
+        f"6 rows of progress_ranking written to {tmp_path / 'ranked.jsonl'}\n")
+    assert len((tmp_path / "ranked.jsonl").read_text().splitlines()) == 6
 
     files_before = len(lake.files("steps"))
     assert "steps: " in cli("compact", "--lake", s3_lake)
