@@ -385,7 +385,7 @@ def to_trl_records(view: str, table: pa.Table) -> Iterator[dict[str, Any]]:
 def export(lake: Lake, view: str, output: str | Path, fmt: str | None = None, where: str | None = None, params: Any = None, as_of: Any = None) -> int:
     """Write a view to JSONL (TRL column names) or Parquet, a batch of rows at a time; returns the row count. The
     file appears whole or not at all."""
-    from halo_data.query import query_batches, write_query_parquet
+    from halo_data.query import query_batches, write_query_parquet, written_whole
 
     output = Path(output)
     fmt = fmt or ("parquet" if output.suffix == ".parquet" else "jsonl")
@@ -395,15 +395,11 @@ def export(lake: Lake, view: str, output: str | Path, fmt: str | None = None, wh
     output.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
         return write_query_parquet(lake, output, sql, as_of=as_of, params=params)
-    tmp = output.with_name(output.name + ".tmp")
     rows = 0
-    try:
-        with query_batches(lake, sql, as_of=as_of, params=params) as reader, open(tmp, "w") as f:
-            for batch in reader:
-                for rec in to_trl_records(view, pa.Table.from_batches([batch])):
-                    f.write(json.dumps(rec, default=str, ensure_ascii=False) + "\n")
-                rows += batch.num_rows
-        tmp.replace(output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with written_whole(output) as partial, query_batches(lake, sql, as_of=as_of, params=params) as reader, \
+            open(partial, "w") as f:
+        for batch in reader:
+            for rec in to_trl_records(view, pa.Table.from_batches([batch])):
+                f.write(json.dumps(rec, default=str, ensure_ascii=False) + "\n")
+            rows += batch.num_rows
     return rows

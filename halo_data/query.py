@@ -111,16 +111,23 @@ def write_query_parquet(
     ``path`` as it was."""
     import pyarrow.parquet as pq
 
+    rows = 0
+    with written_whole(path) as partial, query_batches(lake, sql, parameters, as_of, params, batch_rows) as reader:
+        with pq.ParquetWriter(partial, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    return rows
+
+
+@contextlib.contextmanager
+def written_whole(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A sibling of ``path`` to write its new content to: it replaces ``path`` when the block ends, and is removed
+    when the block fails, leaving what was at ``path`` as it was."""
     target = Path(path)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    rows = 0
     try:
-        with query_batches(lake, sql, parameters, as_of, params, batch_rows) as reader:
-            with pq.ParquetWriter(partial, reader.schema) as writer:
-                for batch in reader:
-                    writer.write_batch(batch)
-                    rows += batch.num_rows
+        yield partial
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
-    return rows
