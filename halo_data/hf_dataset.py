@@ -15,6 +15,10 @@ the ``image`` bytes of the ``screenshots`` view, the screenshot a ``*screenshot*
 the column without ``_hash``), and the ``images`` of a prompt. The features are written both into each shard's Arrow metadata
 and into the card's YAML, which also names the configs and splits. ``split_by`` makes one split per value of a
 column (a value that is no split name is spelled as one: ``v2.gomail-1`` -> ``v2_gomail_1``; NULL -> ``none``).
+
+The rows stream: they are read, converted and written to their split's shards a batch at a time, from one snapshot
+of the lake, so memory holds a batch and its screenshots, not the view. A training view is read once more first,
+for its prompts alone, to learn whether any shows a screenshot (then the dataset has ``images``).
 """
 
 from __future__ import annotations
@@ -71,19 +75,21 @@ def _images(hashes: list[str | None], shots: dict[str, bytes]) -> pa.Array:
     return pa.array([{"bytes": shots.get(h), "path": None} if h and h in shots else None for h in hashes], _IMAGE)
 
 
-def _dataset_table(lake: Lake, view: str, table: pa.Table, as_of: Any) -> tuple[pa.Table, set[str]]:
-    """The view's rows as the dataset's Arrow table, and the columns that hold images (single or lists)."""
+def _dataset_table(lake: Lake, view: str, table: pa.Table, as_of: Any, prompt_images: bool) -> tuple[pa.Table, set[str]]:
+    """The view's rows as the dataset's Arrow table, and the columns that hold images (single or lists).
+    ``prompt_images``: the dataset has an ``images`` column (some prompt of the view, not only of these rows, shows
+    a screenshot)."""
     from halo_data.ops import TRL_COLUMNS
 
     image_columns: set[str] = set()
     columns: dict[str, pa.Array] = {}
     trl = TRL_COLUMNS.get(view, ())
-    prompt_images: list[list[str]] | None = None
+    shown: list[list[str]] = []  # the screenshots each row's prompt shows
     for name in table.column_names:
         col = table.column(name)
         if name == "prompt" and trl:
             messages = [prompts.loads(p) if p else [] for p in col.to_pylist()]
-            prompt_images = [prompts.image_hashes(m) for m in messages]
+            shown = [prompts.image_hashes(m) for m in messages]
             columns[name] = pa.array([prompts.text_only(m) for m in messages], pa.list_(_MESSAGE))
         elif name in trl:
             columns[name] = pa.array([[{"role": "assistant", "content": v}] if v is not None else None
@@ -95,16 +101,16 @@ def _dataset_table(lake: Lake, view: str, table: pa.Table, as_of: Any) -> tuple[
             columns[name] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     hash_columns = [n for n in table.column_names if "screenshot" in n and n.endswith("_hash")]
     wanted = {h for n in hash_columns for h in table.column(n).to_pylist() if h}
-    if prompt_images and any(prompt_images):
-        wanted |= {h for hs in prompt_images for h in hs}
+    wanted |= {h for hs in shown for h in hs}
     shots = _screenshot_bytes(lake, wanted, as_of) if wanted else {}
     for n in hash_columns:
         image_name = n[: -len("_hash")]
         if image_name not in columns:
             columns[image_name] = _images(table.column(n).to_pylist(), shots)
             image_columns.add(image_name)
-    if prompt_images and any(prompt_images) and "images" not in columns:
-        columns["images"] = pa.array([[{"bytes": shots.get(h), "path": None} for h in hs if h in shots] for hs in prompt_images],
+    if prompt_images and "images" not in columns:
+        rows = shown or [[] for _ in range(table.num_rows)]
+        columns["images"] = pa.array([[{"bytes": shots.get(h), "path": None} for h in hs if h in shots] for hs in rows],
                                      pa.list_(_IMAGE))
         image_columns.add("images")
     return pa.table(columns), image_columns
@@ -119,10 +125,7 @@ def _features(table: pa.Table, image_columns: set[str]) -> Any:
     return features
 
 
-def _runs(lake: Lake, table: pa.Table, as_of: Any) -> list[dict[str, Any]]:
-    if "run_id" not in table.column_names:
-        return []
-    run_ids = sorted({r for r in table.column("run_id").to_pylist() if r})
+def _runs(lake: Lake, run_ids: list[str], as_of: Any) -> list[dict[str, Any]]:
     if not run_ids:
         return []
     con = lake.connect(as_of=as_of, views=False, tables=("runs",))
@@ -228,59 +231,127 @@ def _prepare_output(output: Path) -> Path:
     return tmp
 
 
+class _SplitShards:
+    """One split's Parquet shards, written as its rows come: up to ``max_rows`` rows a shard, named with their count
+    (``train-00000-of-00002.parquet``) once the last row is in."""
+
+    def __init__(self, folder: Path, name: str, schema: pa.Schema, max_rows: int):
+        self.folder, self.name, self.schema, self.max_rows = folder, name, schema, max_rows
+        self.rows = self.nbytes = 0
+        self._files: list[Path] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._in_shard = 0
+
+    def write(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+        self.nbytes += table.nbytes
+        while table.num_rows:
+            if self._writer is None or self._in_shard == self.max_rows:
+                self._next_shard()
+            take = min(table.num_rows, self.max_rows - self._in_shard)
+            self._writer.write_table(table.slice(0, take))
+            self._in_shard += take
+            table = table.slice(take)
+
+    def _next_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._files.append(self.folder / f".{self.name}-{len(self._files):05d}.parquet")
+        self._writer = pq.ParquetWriter(self._files[-1], self.schema)
+        self._in_shard = 0
+
+    def close(self) -> list[str]:
+        """The shards' paths relative to the dataset folder, under their final names."""
+        if self._writer is not None:
+            self._writer.close()
+        names = []
+        for i, path in enumerate(self._files):
+            names.append(f"data/{self.name}-{i:05d}-of-{len(self._files):05d}.parquet")
+            path.rename(self.folder.parent / names[-1])
+        return names
+
+
+def _shows_screenshots(lake: Lake, sql: str, as_of: Any, params: Any) -> bool:
+    """Whether any prompt of the rows ``sql`` selects shows a screenshot. Text that merely mentions the part's type
+    passes DuckDB's test and is then parsed out."""
+    from halo_data.query import query_batches
+
+    candidates = f"""select prompt from ({sql}) where contains(prompt, '"image_ref"')"""
+    with query_batches(lake, candidates, as_of=as_of, params=params) as reader:
+        for batch in reader:
+            if any(p and prompts.has_image(prompts.loads(p)) for p in batch.column(0).to_pylist()):
+                return True
+    return False
+
+
 def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = None, params: Any = None, as_of: Any = None,
-              split_by: str | None = None, max_shard_rows: int = MAX_SHARD_ROWS) -> HFExport:
-    """Write ``view`` (or a table: ``steps``) rows matching ``where`` as a dataset folder at ``output``; nothing is
-    written for no rows."""
+              split_by: str | None = None, max_shard_rows: int = MAX_SHARD_ROWS, batch_rows: int = 8192) -> HFExport:
+    """Write ``view`` (or a table: ``steps``) rows matching ``where`` as a dataset folder at ``output``, ``batch_rows``
+    rows at a time; nothing is written for no rows, and a failure midway leaves ``output`` as it was."""
     try:
         import datasets  # noqa: F401  (its features describe the dataset)
     except ImportError:
         raise LakeError("--format hf needs the datasets package: pip install 'halo[train]'") from None
-    from halo_data.ops import view_rows
-    from halo_data.query import run_query
+    from halo_data.ops import TRL_COLUMNS, view_sql
+    from halo_data.query import query_batches, query_columns
     from halo_data.views import get_view
 
     if view in S.TABLES:  # a table whole (steps: token ids, logprobs and screenshots of every step)
         description = S.TABLES[view].doc
-        table = run_query(lake, f'select * from "{view}"' + (f" where {where}" if where else ""), as_of=as_of, params=params)
+        sql = f'select * from "{view}"' + (f" where {where}" if where else "")
     else:
         description = get_view(view).description
-        table = view_rows(lake, view, where=where, params=params, as_of=as_of)
-    if table.num_rows == 0:
-        raise LakeError(f"view {view} has no rows" + (f" where {where}" if where else "") + ": nothing to export")
-    if split_by is not None and split_by not in table.column_names:
-        raise LakeError(f"--split-by {split_by}: view {view} has no such column (columns: {', '.join(table.column_names)})")
+        sql = view_sql(view, where)
+    snapshot = as_of if as_of is not None else lake.versions()  # both reads see the same rows
+    columns = query_columns(lake, sql, as_of=snapshot, params=params)
+    if split_by is not None and split_by not in columns:
+        raise LakeError(f"--split-by {split_by}: view {view} has no such column (columns: {', '.join(columns)})")
+    prompt_images = bool(TRL_COLUMNS.get(view)) and "prompt" in columns and _shows_screenshots(lake, sql, snapshot, params)
     output = Path(output)
-    data, image_columns = _dataset_table(lake, view, table, as_of)
-    features = _features(data, image_columns)
-    schema = data.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
-    data = data.cast(schema)
-    if split_by is None:
-        splits = {"train": data}
-    else:
-        names = [split_name(v) for v in table.column(split_by).to_pylist()]
-        splits = {}
-        for name in sorted(set(names)):
-            splits[name] = data.filter(pc.equal(pa.array(names), name))
     tmp = _prepare_output(output)
-    rows, sizes, shards, data_files = {}, {}, [], []
-    for name, part in splits.items():
-        n_shards = max(1, -(-part.num_rows // max_shard_rows))
-        for i in range(n_shards):
-            rel = f"data/{name}-{i:05d}-of-{n_shards:05d}.parquet"
-            pq.write_table(part.slice(i * max_shard_rows, max_shard_rows), tmp / rel)
-            shards.append(rel)
-        rows[name] = part.num_rows
-        sizes[name] = part.nbytes
-        data_files.append({"split": name, "path": f"data/{name}-*.parquet"})
-    context = {
-        "lake": lake.root, "where": where, "split_by": split_by, "load_path": str(output),
-        "params": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items())) if isinstance(params, dict) else params,
-        "snapshot": (f"as of {as_of}" if as_of is not None else
-                     "versions " + ", ".join(f"{t} {v}" for t, v in lake.versions().items())),
-        "runs": _runs(lake, table, as_of),
-    }
-    (tmp / "README.md").write_text(_card(view, description, features, rows, sizes, data_files, context), encoding="utf-8")
+    try:
+        splits: dict[str, _SplitShards] = {}
+        run_ids: set[str] = set()
+        schema = features = None
+        with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
+            for batch in reader:
+                if not batch.num_rows:
+                    continue
+                table = pa.Table.from_batches([batch])
+                data, image_columns = _dataset_table(lake, view, table, snapshot, prompt_images)
+                if schema is None:
+                    features = _features(data, image_columns)
+                    schema = data.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
+                data = data.cast(schema)
+                if "run_id" in columns:
+                    run_ids.update(r for r in table.column("run_id").to_pylist() if r)
+                if split_by is None:
+                    parts = {"train": data}
+                else:
+                    names = pa.array([split_name(v) for v in table.column(split_by).to_pylist()])
+                    parts = {n: data.filter(pc.equal(names, n)) for n in set(names.to_pylist())}
+                for name, part in parts.items():
+                    if name not in splits:
+                        splits[name] = _SplitShards(tmp / "data", name, schema, max_shard_rows)
+                    splits[name].write(part)
+        if not splits:
+            raise LakeError(f"view {view} has no rows" + (f" where {where}" if where else "") + ": nothing to export")
+        order = sorted(splits)
+        shards = [rel for name in order for rel in splits[name].close()]
+        rows = {name: splits[name].rows for name in order}
+        sizes = {name: splits[name].nbytes for name in order}
+        data_files = [{"split": name, "path": f"data/{name}-*.parquet"} for name in order]
+        context = {
+            "lake": lake.root, "where": where, "split_by": split_by, "load_path": str(output),
+            "params": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items())) if isinstance(params, dict) else params,
+            "snapshot": (f"as of {as_of}" if as_of is not None else
+                         "versions " + ", ".join(f"{t} {v}" for t, v in snapshot.items())),
+            "runs": _runs(lake, sorted(run_ids), snapshot),
+        }
+        (tmp / "README.md").write_text(_card(view, description, features, rows, sizes, data_files, context), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if output.exists():
         shutil.rmtree(output)
     tmp.rename(output)

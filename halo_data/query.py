@@ -97,6 +97,13 @@ def query_batches(
         yield rel.to_arrow_reader(batch_rows) if rel is not None else pa.table({}).to_reader()
 
 
+def query_columns(lake: Lake, sql: str, as_of: Any = None, params: Any = None) -> list[str]:
+    """The column names of read-only SQL's last statement, without reading its rows."""
+    with _statement(lake, sql, as_of, params) as (con, last):
+        rel = con.sql(last)
+        return list(rel.columns) if rel is not None else []
+
+
 def write_query_parquet(
     lake: Lake,
     path: str | os.PathLike[str],

@@ -396,6 +396,60 @@ def test_push_to_hub_without_a_token_is_one_line(source_lake, tmp_path, monkeypa
     assert (out / "README.md").is_file()
 
 
+def test_the_export_streams_batch_by_batch_into_the_same_dataset_and_fails_whole(tmp_path, monkeypatch):
+    """Read three rows at a time, with shards of four: the same rows, features and images as one batch of all; a
+    prompt that shows a screenshot only in a late batch still gives every row an ``images`` column; a failure midway
+    leaves the earlier export as it was."""
+    import dataclasses
+
+    from datasets import Image, List, load_dataset
+
+    from halo_data import hf_dataset
+    from halo_data.synthetic import synthetic_png
+    from halo_data.writer import Screenshot
+
+    lake = Lake.init(tmp_path / "lake")
+    writer = EpisodeWriter(lake)
+    episode, steps = _token_episode()
+    writer.write_episode(episode, steps)
+    shots = [Screenshot.from_bytes(synthetic_png(seed, 24, 16)) for seed in range(3)]
+    shown = [dataclasses.replace(s, prompt=prompts.dumps(prompts.with_screenshot(prompts.loads(s.prompt), shot.hash)),
+                                 screenshot_hash=shot.hash) for s, shot in zip(steps, shots)]
+    writer.write_episode(dataclasses.replace(episode, run_id="smollm2-screenshots", episode_id=None), shown, shots)
+    writer.close()
+    params = {"top_percent": 100.0}
+    whole = hf_dataset.export_hf(lake, "bc_rows", tmp_path / "whole", params=params)
+    streamed = hf_dataset.export_hf(lake, "bc_rows", tmp_path / "streamed", params=params, batch_rows=3, max_shard_rows=4)
+    assert whole.rows == streamed.rows == {"train": 6} and whole.features == streamed.features
+    assert streamed.shards == [f"data/train-0000{i}-of-00002.parquet" for i in range(2)]
+    assert sorted(p.name for p in (tmp_path / "streamed" / "data").iterdir()) == [Path(s).name for s in streamed.shards]
+    cache = str(tmp_path / "cache")
+    a = load_dataset(str(tmp_path / "whole"), split="train", cache_dir=cache).sort(["run_id", "step_idx"])
+    b = load_dataset(str(tmp_path / "streamed"), split="train", cache_dir=cache).sort(["run_id", "step_idx"])
+    assert a.to_dict() == b.to_dict()
+    images = [len(r) for r in b.sort(["run_id", "step_idx"])["images"]]
+    assert sorted(images) == [0, 0, 0, 1, 1, 1] and b.features["images"] == List(Image())
+    assert all(img.size == (24, 16) for row in b["images"] for img in row)
+    card = (tmp_path / "streamed" / "README.md").read_text()
+    assert "| smollm2-screenshots |" in card and f"| {TOKEN_RUN} |" in card and "| rows | 6 (train: 6) |" in card
+
+    before = sorted(p.name for p in (tmp_path / "streamed" / "data").iterdir())
+    real = hf_dataset._dataset_table
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise LakeError("the lake went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf_dataset, "_dataset_table", failing)
+    with pytest.raises(LakeError, match="went away"):
+        hf_dataset.export_hf(lake, "bc_rows", tmp_path / "streamed", params=params, batch_rows=3, max_shard_rows=2)
+    assert sorted(p.name for p in (tmp_path / "streamed" / "data").iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "lake", "streamed", "whole"]
+
+
 def test_trl_prepares_the_exported_bc_rows_and_dpo_pairs(hf_exports, tmp_path):
     import torch
     from datasets import load_dataset
