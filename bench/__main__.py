@@ -22,6 +22,7 @@ COMMANDS = {
     "browser": ("bench.browser", "headless Chromium: Debian's full browser against its headless shell, CPU per launch and episode"),
     "suite-time": ("bench.suite_time", "the whole test suite's wall time (the README's command), with the load beside it"),
     "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),
+    "quickstart": ("bench.quickstart", "halo-train quickstart --model as a user runs it: wall and CPU time, held-out success with intervals"),
     "lake-growth": ("bench.lake_growth", "an online iteration's reads, query cold start and dashboard as the lake grows to 5M steps"),
 }
 

@@ -245,7 +245,7 @@ def models_command(fetch: tuple[str, ...], as_json: bool) -> None:
 @LAKE_OPTION
 @click.option("--output-dir", default="out/quickstart", show_default=True, help="Where the tiny model and adapters go.")
 @click.option("--tasks", "task_list", default=None,
-              help="Comma-separated MiniWoB++ tasks (default: six click/focus tasks).")
+              help="Comma-separated MiniWoB++ tasks (default: six click/focus tasks; with --model: click-collapsible).")
 @click.option("--rollouts-per-task", type=click.IntRange(min=1), default=6, show_default=True)
 @click.option("--max-steps", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
@@ -258,8 +258,8 @@ def models_command(fetch: tuple[str, ...], as_json: bool) -> None:
 @click.option("--jobs", default="bc,dpo,grpo", show_default=True, help="Training jobs to run.")
 @click.option("--model", default=None, help="A real model instead (a known name, see `halo-train models`, or a folder): "
               "its zero-shot rollouts, BC on its successes, the adapter on held-out seeds beside zero-shot and random.")
-@click.option("--task-seeds", type=click.IntRange(min=1), default=None, help="With --model: train task seeds per task (default 4).")
-@click.option("--eval-seeds", type=click.IntRange(min=1), default=None, help="With --model: held-out task seeds per task (default 4).")
+@click.option("--task-seeds", type=click.IntRange(min=1), default=None, help="With --model: train task seeds per task (default 32).")
+@click.option("--eval-seeds", type=click.IntRange(min=1), default=None, help="With --model: held-out task seeds per task (default 32).")
 @click.pass_context
 @run_cli
 def quickstart(ctx: click.Context, lake_path: str, task_list: str | None, jobs: str, model: str | None, task_seeds: int | None,

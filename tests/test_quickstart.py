@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -95,3 +96,10 @@ def test_quickstart_with_a_model_trains_on_its_successes_and_evaluates_beside_ze
     assert table[3].startswith("  95% intervals") and "zero-shot" in table[3] and "random" in table[3]
     difference = next(line for line in table if line.startswith("  zero-shot - random:"))
     assert " points [" in difference and ("cannot tell them apart" in difference or " is " in difference)
+    # The same summary as data: counts per policy and task, pooled rates, the differences and their verdicts.
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert saved["success"]["zero-shot"] == {"miniwob.click-test": [*summary.success["zero-shot"]["miniwob.click-test"]]}
+    assert saved["pooled"]["random"]["episodes"] == 1 and saved["config"]["tasks"] == ["miniwob.click-test"]
+    verdict = next(d["verdict"] for d in saved["differences"] if d["policy"] == "zero-shot" and d["against"] == "random")
+    assert difference.endswith(verdict)
+    assert any(line.endswith(f"the summary as data: {tmp_path / 'out' / 'summary.json'}") for line in lines)
