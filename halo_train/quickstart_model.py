@@ -30,9 +30,10 @@ from halo_data.cli_support import script_command
 
 log = logging.getLogger(__name__)
 
-# learning-v2's train task where one round of BC on the model's own successes helped most (bc_filtered's samples
-# of its train seeds, temperature 1, 64 episodes a round): click-collapsible, 23% zero-shot, 50% after one round.
-# Its page differs by seed, so held-out seeds are new pages. (choose-list, 31%, was still at 30% after one round.)
+# learning-v2's train task where one round of BC on the model's own successes helped most, in the samples its
+# bc_filtered arm draws on train seeds between rounds (64 episodes a round, temperature 1): click-collapsible, 23%
+# in round 0 (the base model), 50% in round 1. Its page differs by seed: held-out seeds are new pages. On
+# choose-list the same round left the samples where they were (31%, then 30%).
 MODEL_TASKS = ("miniwob.click-collapsible",)
 EVAL_SEED_START = 100_000  # held-out task seeds; train seeds are 0 ... task_seeds - 1
 ADAPTER_NAME = "quickstart-bc"
