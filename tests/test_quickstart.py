@@ -70,7 +70,7 @@ def test_quickstart_with_a_model_trains_on_its_successes_and_evaluates_beside_ze
     lines: list[str] = []
     cfg = ModelQuickstartConfig(model=base_dir, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
                                 tasks=("miniwob.click-test",), task_seeds=1, rollouts_per_task=3, eval_seeds=1,
-                                eval_attempts=1, max_steps=2, train_steps=1, progress=False)
+                                eval_attempts=1, max_steps=2, train_steps=1, workers=1, progress=False)
     summary = run_model_quickstart(cfg, echo=lines.append)
 
     lake = Lake.open(cfg.lake)
