@@ -260,6 +260,12 @@ class _SplitShards:
         self._writer = pq.ParquetWriter(self._files[-1], self.schema)
         self._in_shard = 0
 
+    def abort(self) -> None:
+        """Close the open shard without naming it; the caller removes the folder."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
     def close(self) -> list[str]:
         """The shards' paths relative to the dataset folder, under their final names."""
         if self._writer is not None:
@@ -309,8 +315,8 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
     prompt_images = bool(TRL_COLUMNS.get(view)) and "prompt" in columns and _shows_screenshots(lake, sql, snapshot, params)
     output = Path(output)
     tmp = _prepare_output(output)
+    splits: dict[str, _SplitShards] = {}
     try:
-        splits: dict[str, _SplitShards] = {}
         run_ids: set[str] = set()
         schema = features = None
         with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
@@ -350,6 +356,8 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
         }
         (tmp / "README.md").write_text(_card(view, description, features, rows, sizes, data_files, context), encoding="utf-8")
     except BaseException:
+        for shards in splits.values():
+            shards.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if output.exists():
