@@ -192,6 +192,64 @@ def test_the_paired_interval_carries_both_seed_spread_and_task_seed_spread():
     assert d == pytest.approx(0.25) and 0 < lo < 0.25 < hi
 
 
+def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per_evaluated_state(tmp_path):
+    """After the targets: success per task and arm, each training job's rows, passes and train_metrics at both ends
+    (a round of expert iteration named by its arm, seed and round), each online run's signal over its iterations,
+    and how many evaluated states training had seen."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from halo_train.experiment.report import report
+
+    p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+    rows = [{"arm": arm, "training_seed": 0, "split": "test_seeds", "task_id": task, "task_seed": 250000 + i,
+             "attempt": 0, "success": i < wins, "version": None, "temperature": 1.0, "run_id": f"lv2-eval-{arm}-s0-test_seeds"}
+            for arm, task, wins in (("zero_shot", "miniwob.choose-list", 1), ("bc_filtered", "miniwob.choose-list", 3),
+                                    ("zero_shot", "miniwob.count-shape", 2), ("bc_filtered", "miniwob.count-shape", 0))
+            for i in range(4)]
+    results = tmp_path / "results"
+    results.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), results / "episodes.parquet")
+    job = {"arm": "bc_filtered", "training_seed": 0, "round": 2, "job_type": "bc", "rows": 731, "epochs": 0.525,
+           "logged_steps": 48, "window": 4, "first": {"loss": 1.195, "mean_token_accuracy": 0.67},
+           "last": {"loss": 0.123, "mean_token_accuracy": 0.93}}
+    evidence = {"samples": {"s0": {"miniwob.choose-list": {"episodes": 192, "successes": 62}}}, "offline_jobs": [job],
+                "state_novelty": {"test_seeds": {"miniwob.click-collapsible": {
+                    "episodes": 34, "distinct_first_pages": 27, "first_state_seen": 19, "steps": 100, "steps_seen": 55}}}}
+    (results / "evidence.json").write_text(json.dumps(evidence))
+    its = [{"iteration": k, "update": "trained", "signal": {"success_rate/train": s, "frac_reward_zero_std": z, "kl": 0.01}}
+           for k, (s, z) in enumerate([(0.25, 0.5), (0.25, 0.5), (0.5, 0.25), (0.75, 0.25)])]
+    (results / "timing.json").write_text(json.dumps({"online_iterations": {"s0": its, "online_gigpo-s0": []}}))
+    text = report(p, results)
+    assert text.index("**Targets**") < text.index("**Per task: test_seeds, temperature 1**")
+    assert "| choose-list | 1/4 (25%) | 3/4 (75%) |" in text and "| count-shape | 2/4 (50%) | 0/4 (0%) |" in text
+    assert "| s0 | 62/192 |" in text
+    assert "| bc_filtered | 0 | 2 | bc | 731 | 0.53 | 48 | 1.195 → 0.123 | 0.67 → 0.93 | – | – |" in text
+    assert "| online_grpo-s0 | 4 | 4 | 0.25 → 0.625 | – | 0.5 → 0.25 | – | 0.01 → 0.01 | – |" in text
+    assert "online_gigpo-s0" not in text  # no iterations yet: no row
+    assert "| test_seeds | click-collapsible | 27/34 | 19/34 | 55/100 |" in text
+
+
+def test_an_expert_iteration_rounds_job_is_named_by_its_arm_seed_and_round(tmp_path):
+    from halo_train.experiment.export import offline_training
+
+    class State:
+        def query(self, sql, params=None, **_):
+            return []
+
+    class Runner_:
+        p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+        state = State()
+
+    out = tmp_path / "adapters" / "bc_filtered-s1" / "round-2" / "final"
+    out.mkdir(parents=True)
+    (out / "training_stats.json").write_text(json.dumps({"rows": 731, "epoch": 0.5}))
+    jobs = [{"run_id": "train-bc-1", "job_type": "bc", "output_dir": str(out.parent), "source_view": "bc_rows"},
+            {"run_id": "train-dpo-1", "job_type": "dpo", "output_dir": str(tmp_path / "adapters" / "dpo-s0"), "source_view": "dpo_pairs"}]
+    got = [(j["arm"], j["training_seed"], j["round"], j["rows"]) for j in offline_training(Runner_(), jobs)["offline_jobs"]]
+    assert got == [("bc_filtered", 1, 2, 731), ("dpo", 0, None, None)]
+
+
 def test_screening_rules():
     row = {"first_pages": {"dev_seeds": 16, "share_distinct": 15 / 16, "dev_pages_in_training_sample": 0, "min_actions": 3},
            "zero_shot": {"rate": 0.25}, "random": {"rate": 0.1}}

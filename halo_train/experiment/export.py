@@ -240,8 +240,9 @@ def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
     for job in jobs:
         if job["job_type"] not in OFFLINE_SIGNALS:
             continue
-        name = Path(str(job["output_dir"])).name  # ARM-sSEED
-        arm, _, seed = name.rpartition("-s")
+        folder = Path(str(job["output_dir"]))  # ARM-sSEED, or ARM-sSEED/round-R for a round of expert iteration
+        round_ = int(folder.name.removeprefix("round-")) if re.fullmatch(r"round-\d+", folder.name) else None
+        arm, _, seed = (folder.parent.name if round_ is not None else folder.name).rpartition("-s")
         # What the job read, as it recorded it when it saved: the view's rows then. (Counting the view now would
         # not do: dpo_pairs pairs steps of one prompt across the whole lake, so a later run on the same task seeds
         # takes over some of a sample's pairs.)
@@ -255,7 +256,7 @@ def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
         for m in metrics:
             by_metric.setdefault(m["metric"], []).append(float(m["value"]))
         offline.append({
-            "arm": arm, "training_seed": int(seed) if seed.isdigit() else seed, "job_type": job["job_type"],
+            "arm": arm, "training_seed": int(seed) if seed.isdigit() else seed, "round": round_, "job_type": job["job_type"],
             "source": job["source_view"], "rows": stats.get("rows"), "epochs": stats.get("epoch"),
             "logged_steps": max((len(v) for v in by_metric.values()), default=0), "window": SIGNAL_WINDOW,
             "first": {k: sum(v[:SIGNAL_WINDOW]) / len(v[:SIGNAL_WINDOW]) for k, v in by_metric.items()},

@@ -1,5 +1,7 @@
 """An experiment's report from its exported episodes.parquet: success per arm, split and temperature, the
-differences the protocol names, and its targets, each recomputed from the episodes.
+differences the protocol names, and its targets, each recomputed from the episodes; then the lake's evidence of
+why (success per task, what each training job read and what its train_metrics say it did, what each online update
+had to learn from, and how many evaluated states training had already seen: evidence.json and timing.json).
 
 Intervals: each arm's pooled rate with Wilson's interval; each difference paired by task seed with a two-level
 bootstrap (``paired_bootstrap``) that resamples the task seeds (the same draw for both arms: the pairing) and each
@@ -132,6 +134,130 @@ def targets_table(p, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _short(task: str) -> str:
+    return task.removeprefix("miniwob.")
+
+
+def per_task_table(p, rows: list[dict[str, Any]], split: str, temperature: float) -> str:
+    """Successes per task and arm (final policies, every training or sampling seed pooled): where a gain or a loss
+    comes from."""
+    default = float(p.interface["temperature"])
+    cells: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["split"] == split and r.get("version") is None and _temperature(r, default) == temperature:
+            cell = cells[(r["task_id"], r["arm"])]
+            cell[0] += int(r["success"])
+            cell[1] += 1
+    arms = [a for a in p.arms if any(arm == a for _, arm in cells)]
+    if not arms:
+        return ""
+    lines = [f"**Per task: {split}, temperature {temperature:g}** (successes / attempts, seeds pooled)", "",
+             "| task | " + " | ".join(arms) + " |", "| --- " * (1 + len(arms)) + "|"]
+    for task in sorted({t for t, _ in cells}):
+        row = []
+        for arm in arms:
+            ok, n = cells.get((task, arm), (0, 0))
+            row.append(f"{ok}/{n} ({100 * ok / n:.0f}%)" if n else "–")
+        lines.append(f"| {_short(task)} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _ends(job: dict[str, Any], metric: str, digits: int = 3) -> str:
+    first, last = job.get("first", {}).get(metric), job.get("last", {}).get(metric)
+    return "–" if first is None or last is None else f"{first:.{digits}f} → {last:.{digits}f}"
+
+
+def offline_table(evidence: dict[str, Any]) -> str:
+    """Each bc/dpo job: what it read (rows, passes over them) and its train_metrics at its start and its end."""
+    jobs = evidence.get("offline_jobs") or []
+    if not jobs:
+        return ""
+    window = jobs[0].get("window", 1)
+    lines = [f"**Training jobs** (train_metrics: the mean of the first and of the last {window} logged steps)", "",
+             "| arm | seed | round | read | rows | passes | steps | loss | token accuracy | reward accuracy | reward margin |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for j in jobs:
+        epochs = j.get("epochs")
+        lines.append(
+            f"| {j['arm']} | {j['training_seed']} | {'–' if j.get('round') is None else j['round']} | {j['job_type']} | "
+            f"{j.get('rows') if j.get('rows') is not None else '–'} | {'–' if epochs is None else f'{epochs:.2f}'} | "
+            f"{j.get('logged_steps', 0)} | {_ends(j, 'loss')} | {_ends(j, 'mean_token_accuracy', 2)} | "
+            f"{_ends(j, 'rewards/accuracies', 2)} | {_ends(j, 'rewards/margins')} |")
+    return "\n".join(lines)
+
+
+def samples_table(evidence: dict[str, Any]) -> str:
+    """Each training seed's sample of the base model (dpo's data, and what bc_filtered's first round keeps)."""
+    samples = evidence.get("samples") or {}
+    if not samples:
+        return ""
+    tasks = sorted({t for per_task in samples.values() for t in per_task})
+    lines = ["**Samples of the base model** (successes / episodes per task: the pairs and successes learnt from)", "",
+             "| seed | " + " | ".join(_short(t) for t in tasks) + " |", "| --- " * (1 + len(tasks)) + "|"]
+    for seed, per_task in sorted(samples.items()):
+        lines.append(f"| {seed} | " + " | ".join(
+            f"{per_task[t]['successes']}/{per_task[t]['episodes']}" if t in per_task else "–" for t in tasks) + " |")
+    return "\n".join(lines)
+
+
+def _halves(values: list[float]) -> str:
+    if not values:
+        return "–"
+    half = max(1, len(values) // 2)
+    first, second = values[:half], values[half:] or values[-1:]
+    return f"{sum(first) / len(first):.3g} → {sum(second) / len(second):.3g}"
+
+
+def online_table(timing: dict[str, Any]) -> str:
+    """What each online run's updates had to learn from, and what they did: its iterations' signals, the mean of the
+    first half of the iterations and of the second."""
+    runs = timing.get("online_iterations") or {}
+    if not any(runs.values()):
+        return ""
+    signals = (("success_rate/train", "sampled success"), ("rewards/std", "reward std"),
+               ("frac_reward_zero_std", "groups without spread"), ("trainable_groups", "trainable groups"),
+               ("kl", "KL"), ("clip_ratio", "clipped"))
+    lines = ["**Online updates** (each iteration's signal, the mean of the first half of the iterations → the second)",
+             "", "| run | iterations | trained | " + " | ".join(label for _, label in signals) + " |",
+             "| --- " * (3 + len(signals)) + "|"]
+    for name, its in sorted(runs.items()):
+        if not its:
+            continue
+        trained = sum(1 for it in its if it.get("update") == "trained")
+        cells = [_halves([float(it["signal"][k]) for it in its if it.get("signal", {}).get(k) is not None])
+                 for k, _ in signals]
+        label = name if "-s" in name else f"online_grpo-{name}"
+        lines.append(f"| {label} | {len(its)} | {trained} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def novelty_table(evidence: dict[str, Any]) -> str:
+    """How many evaluated states some training run had seen (zero_shot's episodes: first pages and steps)."""
+    novelty = evidence.get("state_novelty") or {}
+    if not novelty:
+        return ""
+    lines = ["**Evaluated states seen in training** (zero_shot's episodes; a state is its prompt, hashed)", "",
+             "| split | task | distinct first pages | first pages seen in training | steps seen in training |",
+             "| --- | --- | --- | --- | --- |"]
+    for split, per_task in sorted(novelty.items()):
+        for task, v in sorted(per_task.items()):
+            lines.append(f"| {split} | {_short(task)} | {v['distinct_first_pages']}/{v['episodes']} | "
+                         f"{v['first_state_seen']}/{v['episodes']} | {v['steps_seen']}/{v['steps']} |")
+    return "\n".join(lines)
+
+
+def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]:
+    """The lake's evidence of why, after the targets: per-task success at the primary temperature, then what the
+    trained arms learnt from and did."""
+    t0 = p.temperatures[0]
+    parts = [per_task_table(p, rows, split, t0) for split in ("test_seeds", "heldout_tasks")]
+    evidence_file, timing_file = results / "evidence.json", results / "timing.json"
+    evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else {}
+    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
+    parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence)]
+    return [part for part in parts if part]
+
+
 def report(p, results: Path) -> str:
     rows = load_rows(results)
     if not rows:
@@ -165,4 +291,6 @@ def report(p, results: Path) -> str:
     targets = targets_table(p, rows)
     if targets:
         out += ["**Targets** (primary temperature)", "", targets, ""]
+    for section in evidence_sections(p, rows, results):
+        out += [section, ""]
     return "\n".join(out).rstrip() + "\n"
