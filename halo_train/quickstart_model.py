@@ -12,9 +12,10 @@
 4. A summary: held-out success per task and policy, pooled with 95% intervals, and whether the adapter beats
    zero-shot (and zero-shot random) beyond chance; the same as data in ``OUTPUT_DIR/summary.json``.
 
-The default task comes from learning-v2 (docs/learning.md): the train task, with a new page for every seed, where one
-round of BC on the model's own successes moved it most. Re-running resumes every run (nothing collected twice) and
-trains again.
+The default task comes from learning-v2 (docs/learning.md): the train task where one round of BC on the model's own
+successes moved it most. Its first page (a collapsed section) repeats across seeds, so the held-out seeds start on
+pages the zero-shot run has seen; the expanded section is new. The summary counts how many held-out states the
+training run had. Re-running resumes every run (nothing collected twice) and trains again.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 
 # learning-v2's train task where one round of BC on the model's own successes helped most, in the samples its
 # bc_filtered arm draws on train seeds between rounds (64 episodes a round, temperature 1): click-collapsible, 23%
-# in round 0 (the base model), 50% in round 1. Its page differs by seed: held-out seeds are new pages. On
-# choose-list the same round left the samples where they were (31%, then 30%).
+# in round 0 (the base model), 50% in round 1. On choose-list, whose pages are new on every seed, the same round
+# left the samples where they were (31%, then 30%).
 MODEL_TASKS = ("miniwob.click-collapsible",)
 EVAL_SEED_START = 100_000  # held-out task seeds; train seeds are 0 ... task_seeds - 1
 ADAPTER_NAME = "quickstart-bc"
@@ -74,6 +75,7 @@ class ModelQuickstartSummary:
     train_successes: tuple[int, int]
     bc: dict[str, Any]
     seconds: float
+    seen_in_training: dict[str, int]  # the zero-shot eval's episodes and steps whose state the training run had
 
 
 def run_model_quickstart(cfg: ModelQuickstartConfig, echo: Callable[[str], None] = print) -> ModelQuickstartSummary:
@@ -132,7 +134,8 @@ def run_model_quickstart(cfg: ModelQuickstartConfig, echo: Callable[[str], None]
                      attempts=cfg.eval_attempts, kind="eval", adapter=adapter)
     success = {phase.removeprefix("eval "): _successes(lake, runs[phase]) for phase, _, _ in phases}
     result = ModelQuickstartSummary(runs=runs, success=success, train_successes=(ok, n), bc=bc,
-                                    seconds=time.perf_counter() - t0)
+                                    seconds=time.perf_counter() - t0,
+                                    seen_in_training=_seen_in_training(lake, runs["zero-shot"], runs["eval zero-shot"]))
     _print_summary(cfg, result, echo, _write_summary(cfg, result))
     return result
 
@@ -161,6 +164,19 @@ def _successes(lake, run_id: str) -> dict[str, tuple[int, int]]:
         "group by task_id order by task_id"
     ).to_pylist()
     return {r["task_id"]: (int(r["ok"]), int(r["n"])) for r in rows}
+
+
+def _seen_in_training(lake, train_run: str, eval_run: str) -> dict[str, int]:
+    """Of the zero-shot eval's episodes, how many start on a page the training run saw, and of its steps, how many
+    have a state it saw (a state is the prompt, hashed): held-out seeds are new pages only where these are 0."""
+    row = lake.query_arrow(
+        "with seen as (select distinct prompt_hash from steps where run_id = $train) "
+        "select count(*) filter (where step_idx = 0) AS episodes, "
+        "count(*) filter (where step_idx = 0 and prompt_hash in (select prompt_hash from seen)) AS first_pages_seen, "
+        "count(*) AS steps, count(*) filter (where prompt_hash in (select prompt_hash from seen)) AS steps_seen "
+        "from steps where run_id = $eval", {"train": train_run, "eval": eval_run}, views=False, tables=("steps",),
+    ).to_pylist()[0]
+    return {k: int(v or 0) for k, v in row.items()}
 
 
 def _per_task(success: dict[str, tuple[int, int]]) -> str:
@@ -217,6 +233,7 @@ def _write_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary) -> Pat
     record = {
         "model": cfg.model, "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "progress"},
         "runs": s.runs, "train_successes": list(s.train_successes), "bc": s.bc, "seconds": s.seconds,
+        "seen_in_training": s.seen_in_training,
         "success": {policy: {task: list(v) for task, v in by_task.items()} for policy, by_task in s.success.items()},
         **_comparison(s.success),
     }
@@ -241,6 +258,9 @@ def _print_summary(cfg: ModelQuickstartConfig, s: ModelQuickstartSummary, echo: 
         echo(f"  {task.removeprefix('miniwob.'):<{width}}  {cells[0]:>10}  {cells[1]:>10}  {cells[2]:>10}")
     for line in _comparison_lines(_comparison(s.success)):
         echo("  " + line)
+    seen = s.seen_in_training
+    echo(f"  seen in training     held-out first pages {seen['first_pages_seen']}/{seen['episodes']} episodes, states "
+         f"{seen['steps_seen']}/{seen['steps']} steps (zero-shot eval against the zero-shot run)")
     if "skipped" in s.bc:
         echo(f"  BC                   skipped: {s.bc['skipped']}")
     else:

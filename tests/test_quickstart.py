@@ -102,4 +102,7 @@ def test_quickstart_with_a_model_trains_on_its_successes_and_evaluates_beside_ze
     assert saved["pooled"]["random"]["episodes"] == 1 and saved["config"]["tasks"] == ["miniwob.click-test"]
     verdict = next(d["verdict"] for d in saved["differences"] if d["policy"] == "zero-shot" and d["against"] == "random")
     assert difference.endswith(verdict)
+    # click-test shows the same page on every seed: the held-out episode starts on a page the training run saw.
+    assert saved["seen_in_training"]["episodes"] == 1 and saved["seen_in_training"]["first_pages_seen"] == 1
+    assert any(line.startswith("  seen in training     held-out first pages 1/1 episodes") for line in lines)
     assert any(line.endswith(f"the summary as data: {tmp_path / 'out' / 'summary.json'}") for line in lines)
