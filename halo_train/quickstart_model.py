@@ -13,9 +13,8 @@
    zero-shot (and zero-shot random) beyond chance; the same as data in ``OUTPUT_DIR/summary.json``.
 
 The default task comes from learning-v2 (docs/learning.md): the train task where one round of BC on the model's own
-successes moved it most. Its first page (a collapsed section) repeats across seeds, so the held-out seeds start on
-pages the zero-shot run has seen; the expanded section is new. The summary counts how many held-out states the
-training run had. Re-running resumes every run (nothing collected twice) and trains again.
+successes moved it most. Its first page (a collapsed section) repeats across seeds, so some held-out seeds start on
+pages the zero-shot run has seen; the summary counts how many held-out first pages and steps the training run had. Re-running resumes every run (nothing collected twice) and trains again.
 """
 
 from __future__ import annotations
