@@ -250,6 +250,26 @@ def test_an_expert_iteration_rounds_job_is_named_by_its_arm_seed_and_round(tmp_p
     assert got == [("bc_filtered", 1, 2, 731), ("dpo", 0, None, None)]
 
 
+def test_the_screen_compares_dev_pages_with_every_train_seed_the_plan_uses_unless_told_a_number(tmp_path):
+    from halo_train.experiment.screen import train_pages_seeds
+
+    v2 = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+    assert train_pages_seeds(v2) == list(range(16))  # its registered screen: 16 seeds of training seed 0
+    raw = yaml.safe_load((REPO / "bench" / "protocols" / "learning-v2.yaml").read_text())
+    raw["screening"].pop("train_pages")
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump(raw))
+    plan = load(tmp_path / "all.yaml")
+    seeds = train_pages_seeds(plan)
+    # bc_filtered's 3 rounds of 16 seeds are the most any arm takes; three training seeds, 10000 apart
+    assert plan.train_seeds_used == 48 and len(seeds) == 144
+    assert seeds[:2] == [0, 1] and seeds[47:49] == [47, 10000] and seeds[-1] == 20047
+    for bad in ("some", 0, True):
+        raw["screening"]["train_pages"] = bad
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+        with pytest.raises(ProtocolError, match="screening.train_pages is"):
+            load(tmp_path / "bad.yaml")
+
+
 def test_screening_rules():
     row = {"first_pages": {"dev_seeds": 16, "share_distinct": 15 / 16, "dev_pages_in_training_sample": 0, "min_actions": 3},
            "zero_shot": {"rate": 0.25}, "random": {"rate": 0.1}}

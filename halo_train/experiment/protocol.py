@@ -138,6 +138,10 @@ class Protocol:
         screen = self.raw.get("screening") or {}
         if screen and int(screen.get("dev_first", dev["first"])) < int(dev["first"]):
             raise ProtocolError("screening uses dev seeds only: screening.dev_first lies before splits.dev.first")
+        pages = screen.get("train_pages", "all")
+        if pages != "all" and (isinstance(pages, bool) or not isinstance(pages, int) or pages < 1):
+            raise ProtocolError(f"screening.train_pages is {pages!r}: give all (every train seed the plan uses) or a "
+                                "positive number of train seeds")
 
     # ------------------------------------------------------------------ derived figures
     @property

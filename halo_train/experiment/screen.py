@@ -19,7 +19,7 @@ import datetime as dt
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from halo_train.experiment.protocol import Protocol, ProtocolError
 from halo_train.experiment.record import code_identity
@@ -37,7 +37,7 @@ def screening_spec(p: Protocol) -> dict[str, Any]:
         raise ProtocolError(f"{p.path}: screening.candidates names no tasks to screen")
     spec.setdefault("dev_first", int(p.splits["dev"]["first"]))
     spec.setdefault("dev_seeds", 16)
-    spec.setdefault("train_pages", 16)
+    spec.setdefault("train_pages", "all")
     spec["rules"] = {**DEFAULT_RULES, **(spec.get("rules") or {})}
     return spec
 
@@ -50,7 +50,7 @@ def candidates(p: Protocol) -> list[str]:
     return list(dict.fromkeys(p.tasks(tuple(names))))
 
 
-def first_page_hashes(p: Protocol, task: str, seeds: range) -> dict[int, dict[str, Any]]:
+def first_page_hashes(p: Protocol, task: str, seeds: Iterable[int]) -> dict[int, dict[str, Any]]:
     """task seed -> the step-0 prompt's hash (as ``steps.prompt_hash``) and the number of offered actions, from an
     environment reset of each seed under the protocol's observation."""
     from halo_agent.actions import page_actions
@@ -78,10 +78,24 @@ def first_page_hashes(p: Protocol, task: str, seeds: range) -> dict[int, dict[st
     return out
 
 
+def train_pages_seeds(p: Protocol) -> list[int]:
+    """The train task seeds whose first pages the screen compares dev pages with. ``screening.train_pages: all`` (the
+    default): every train seed the plan will use, each training seed's ``train_seeds_used`` of them. A task whose
+    first pages come from a small set looks new against a few seeds and is not against the whole plan's: 16 dev
+    seeds against 16 train seeds found 1 repeat where the plan's seeds repeated half the test pages. A number N:
+    the first N train seeds of the first training seed."""
+    spec = screening_spec(p)
+    if spec["train_pages"] == "all":
+        return [seed for t in p.training_seeds
+                for seed in range(p.train_seed_start(t), p.train_seed_start(t) + p.train_seeds_used)]
+    start = p.train_seed_start(p.training_seeds[0])
+    return list(range(start, start + int(spec["train_pages"])))
+
+
 def screen_first_pages(p: Protocol, tasks: list[str], echo: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
     spec = screening_spec(p)
     dev = range(int(spec["dev_first"]), int(spec["dev_first"]) + int(spec["dev_seeds"]))
-    train = range(p.train_seed_start(p.training_seeds[0]), p.train_seed_start(p.training_seeds[0]) + int(spec["train_pages"]))
+    train = train_pages_seeds(p)
     out = {}
     for task in tasks:
         pages = first_page_hashes(p, task, dev)
