@@ -34,13 +34,17 @@ def _temperature(row: dict[str, Any], default: float) -> float:
     return default if t is None else float(t)
 
 
+def final_rows(rows: list[dict[str, Any]], split: str, temperature: float, default: float) -> list[dict[str, Any]]:
+    """The episodes of final policies (not an online arm's dev curve) on one split at one temperature."""
+    return [r for r in rows if r["split"] == split and r.get("version") is None and _temperature(r, default) == temperature]
+
+
 def matrix(rows: list[dict[str, Any]], arm: str, split: str, temperature: float, default: float):
     """(seeds, units, successes[seed][unit]) of one arm's final policies: a unit is (task, task seed); attempts of a
     unit are averaged."""
     cells: dict[int, dict[tuple[str, int], list[int]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if (r["arm"] == arm and r["split"] == split and r.get("version") is None
-                and _temperature(r, default) == temperature):
+    for r in final_rows(rows, split, temperature, default):
+        if r["arm"] == arm:
             cells[r["training_seed"]][(r["task_id"], r["task_seed"])].append(int(r["success"]))
     seeds = sorted(cells)
     units = sorted({u for s in seeds for u in cells[s]})
@@ -85,15 +89,14 @@ def arm_table(p, rows: list[dict[str, Any]], split: str, temperature: float) -> 
     arms = [a for a in p.arms if any(r["arm"] == a and r["split"] == split and _temperature(r, default) == temperature
                                      for r in rows)]
     mats = {a: matrix(rows, a, split, temperature, default) for a in arms}
+    final = final_rows(rows, split, temperature, default)
     lines = [f"**{split}, temperature {temperature:g}**", "",
              "| arm | seeds | attempts | success % [Wilson] | per seed | vs zero_shot (paired, both variances) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         seeds, units, values = mats[arm]
-        successes = sum(r["success"] for r in rows if r["arm"] == arm and r["split"] == split and r.get("version") is None
-                        and _temperature(r, default) == temperature)
-        attempts = sum(1 for r in rows if r["arm"] == arm and r["split"] == split and r.get("version") is None
-                       and _temperature(r, default) == temperature)
+        episodes = [r for r in final if r["arm"] == arm]
+        successes, attempts = sum(r["success"] for r in episodes), len(episodes)
         lo, hi = wilson(successes, attempts)
         per_seed = ", ".join(_pct(sum(v for v in row if v is not None) / max(1, sum(v is not None for v in row)))
                              for row in values)
@@ -143,11 +146,10 @@ def per_task_table(p, rows: list[dict[str, Any]], split: str, temperature: float
     comes from."""
     default = float(p.interface["temperature"])
     cells: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["split"] == split and r.get("version") is None and _temperature(r, default) == temperature:
-            cell = cells[(r["task_id"], r["arm"])]
-            cell[0] += int(r["success"])
-            cell[1] += 1
+    for r in final_rows(rows, split, temperature, default):
+        cell = cells[(r["task_id"], r["arm"])]
+        cell[0] += int(r["success"])
+        cell[1] += 1
     arms = [a for a in p.arms if any(arm == a for _, arm in cells)]
     if not arms:
         return ""
