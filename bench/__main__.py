@@ -23,6 +23,7 @@ COMMANDS = {
     "suite-time": ("bench.suite_time", "the whole test suite's wall time (the README's command), with the load beside it"),
     "task-progress": ("bench.task_progress", "task-aware vs milestone progress: partial solution against random clicking"),
     "quickstart": ("bench.quickstart", "halo-train quickstart --model as a user runs it: wall and CPU time, held-out success with intervals"),
+    "omp-wait": ("bench.omp_wait", "a LoRA training step under libgomp's default spin, PASSIVE and a short spin, alone and beside a neighbour"),
     "lake-growth": ("bench.lake_growth", "an online iteration's reads, query cold start and dashboard as the lake grows to 5M steps"),
 }
 
