@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
+from halo_data.cli_support import (CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, short_openmp_spin,
+                                   version_option)
 
 
 def _split_list(value: str | None) -> list[str]:
@@ -47,6 +48,7 @@ def main(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HALO_LOG_LEVEL", logging.getLevelName(level))
+    short_openmp_spin()  # before a local policy imports torch
 
 
 # ------------------------------------------------------------------------------------------ tasks

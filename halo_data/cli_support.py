@@ -36,6 +36,22 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 USER_ERRORS = (LakeError, DeltaError, duckdb.Error, ValueError, OSError, RuntimeError)
 
 
+# libgomp's spin before a waiting thread sleeps. Its default (300,000) holds a core the thread being waited for needs
+# wherever a job shares the cores (a chat server, rollout workers, their browsers): a LoRA step of SmolLM2 beside a
+# chat-server-like process took 31 s at the default against 6.7 s at 2,000, and 3.4 s alone at both
+# (`python -m bench omp-wait`, docs/benchmarks.md). OMP_WAIT_POLICY=PASSIVE (no spin) matches it shared, and costs
+# 12% alone.
+OPENMP_SPINCOUNT = "2000"
+
+
+def short_openmp_spin() -> None:
+    """Set ``GOMP_SPINCOUNT`` for this process and the ones it starts, unless OpenMP's wait is set already.
+
+    libgomp reads it when torch loads, so a command calls this before anything imports torch."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
+
+
 def default_lake() -> str:
     return os.environ.get("HALO_LAKE", "lake")
 

@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import click
 
-from halo_data.cli_support import CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, version_option
+from halo_data.cli_support import (CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, short_openmp_spin,
+                                   version_option)
 from halo_data.lake import LakeError
 from halo_train.serve import DEFAULT_STATE_DIR
 from halo_train.config import CONFIGS, TrainConfig, load_config
@@ -129,6 +130,7 @@ def _job_command(job_type: str, train: Callable[[TrainConfig], Any], cls: type[T
 @click.option("-v", "--verbose", is_flag=True, help="Show every trainer log line (they are always in train_metrics).")
 def main(verbose: bool) -> None:
     """HALO training jobs: LoRA adapters from the lake's views, metrics back into the lake."""
+    short_openmp_spin()  # before a job imports torch
 
 
 def _train(job_type: str) -> Callable[[TrainConfig], Any]:
