@@ -5,6 +5,7 @@ the lake alone; the statistics of the report; learning-v2's registered protocol 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -116,6 +117,9 @@ def test_the_runner_resumes_from_the_lake_and_records_each_stage_with_its_commit
     head = runner.records.current()["commit"]
     assert [s["run_id"] for s in starts if s.get("test")] == [p.eval_cells("random", 0)[0].run_id]
     assert all(s["commit"] == head and s["packages"]["duckdb"] and s["policy"] == "random" for s in starts if s.get("test"))
+    # what its seconds depend on besides the code: the cores, the load, the OpenMP settings its processes inherit
+    assert all(s["machine"]["cores"] >= 1 and s["machine"]["load_average"] >= 0
+               and s["machine"]["openmp"]["OMP_WAIT_POLICY"] == os.environ["OMP_WAIT_POLICY"] for s in starts)
     assert [s["rc"] for s in runner.records.stages() if s["event"] == "end"] == [0]
     Runner(p, runner.root, code_dir=runner.records.code_dir).run()  # a new process knows only the lake: nothing runs
     assert len((runner.root / "commands.log").read_text().splitlines()) == 1

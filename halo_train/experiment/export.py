@@ -311,7 +311,7 @@ def export(runner, results: Path) -> str:
             "registrations": runner.records.registrations(),
             "stage_commits": sorted({s.get("commit") or "?" for s in stages}),
             "stages": [{k: s.get(k) for k in ("stage", "kind", "arm", "seed", "split", "run_id", "policy", "commit", "dirty",
-                                              "packages", "at")} for s in stages],
+                                              "packages", "machine", "at")} for s in stages],
             "arms": list(p.arms), "training_seeds": list(p.training_seeds), "planned": planned,
             "exported_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     (results / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -68,6 +68,16 @@ def code_identity(code_dir: Path | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "packages": package_versions()}
 
 
+OPENMP_SETTINGS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def machine() -> dict[str, Any]:
+    """What a stage's seconds depend on besides the code: the cores, the load when it starts, and the OpenMP settings
+    its processes inherit (None where unset; HALO's commands set a short spin unless one is set)."""
+    return {"cores": os.cpu_count(), "load_average": round(os.getloadavg()[0], 2),
+            "openmp": {k: os.environ.get(k) for k in OPENMP_SETTINGS}}
+
+
 def code_key(identity: dict[str, Any]) -> str:
     """What must match between a registration and a stage: the commit, or HALO's version outside a checkout."""
     return identity["commit"] or f"halo {identity['packages'].get('halo')}"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from halo_train.experiment.protocol import EvalCell, Protocol
-from halo_train.experiment.record import ExperimentError, Records, code_identity, now, policy_fingerprint
+from halo_train.experiment.record import ExperimentError, Records, code_identity, machine, now, policy_fingerprint
 from halo_train.experiment.state import BASE_MODEL, LakeState
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Runner:
             return
         record = {"stage": log_name, **(stage or {}), **(identity or code_identity(self.records.code_dir))}
         if self.enforce:
-            self.records.append({**record, "event": "start", "at": now()})
+            self.records.append({**record, "event": "start", "at": now(), "machine": machine()})
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / "logs" / f"{log_name}.log", "a") as out:
             child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
