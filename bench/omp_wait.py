@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench omp-wait                       # SmolLM2-135M-Instruct, 4 rows x 192 tokens, 2 rounds
     .venv/bin/python -m bench omp-wait --rounds 3 --steps 6
+    .venv/bin/python -m bench omp-wait --work decode          # a chat server's decode step instead: 1 row, 300-token cache
 
 A training job (``halo-train bc|dpo|grpo``, the online learner, the quickstart's BC) runs torch's OpenMP threads.
 Left to libgomp's default, a thread that finishes its share of an operation spins (GOMP_SPINCOUNT, 300,000 by
@@ -14,6 +15,7 @@ rank 16 LoRA on q, k, v and o, AdamW, ``--steps`` steps on ``--rows`` x ``--toke
 off as warm-up. Six arms, taken in turns round by round: libgomp's default, PASSIVE and ``--spincount``, each alone
 and beside a neighbour, a second process doing what a chat server does while it serves rollouts (forward passes of
 the same model on torch's default threads, PASSIVE as HALO's chat server runs) for as long as the measurement runs.
+``--work decode`` measures a chat server's step instead: one new token per row on a KV cache of ``--tokens``.
 Results go to ``bench/results/omp-wait/<time>.json``; ``python -m bench report omp-wait`` makes the table.
 """
 
@@ -48,6 +50,26 @@ for _ in range(steps):
 print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
 """
 
+# A chat server's decode: one new token per row on a KV cache of the prompt, a step per token.
+DECODE = """
+import json, os, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+model_dir, rows, tokens, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
+seconds = []
+with torch.no_grad():
+    out = model(input_ids=ids, use_cache=True)
+    for _ in range(steps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+        seconds.append([time.perf_counter() - wall, time.process_time() - cpu])
+print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
+"""
+WORK = {"train": (STEPS, 4, 192, 4), "decode": (DECODE, 1, 300, 64)}  # script, default rows, tokens, steps
+
 # A chat server's work between requests: forward passes of the same model, waiting passively as HALO's server does.
 NEIGHBOUR = """
 import os, sys
@@ -73,8 +95,8 @@ def _env(policy: str, spincount: int = 0) -> dict[str, str]:
     return env | ({"GOMP_SPINCOUNT": str(spincount)} if policy == "spin" else {})
 
 
-def measure(model_dir: str, env: dict[str, str], beside: bool, rows: int, tokens: int, steps: int) -> dict:
-    """One fresh process's training steps in ``env``; with a neighbour running beside it when ``beside``."""
+def measure(script: str, model_dir: str, env: dict[str, str], beside: bool, rows: int, tokens: int, steps: int) -> dict:
+    """One fresh process's steps of ``script`` in ``env``; with a neighbour running beside it when ``beside``."""
     neighbour = None
     try:
         if beside:
@@ -82,7 +104,7 @@ def measure(model_dir: str, env: dict[str, str], beside: bool, rows: int, tokens
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             if neighbour.stdout.readline().strip() != "ready":
                 raise SystemExit("Error: the neighbour process did not start")
-        done = subprocess.run([sys.executable, "-c", STEPS, model_dir, str(rows), str(tokens), str(steps)],
+        done = subprocess.run([sys.executable, "-c", script, model_dir, str(rows), str(tokens), str(steps)],
                               env=env, capture_output=True, text=True, timeout=1800)
     finally:
         if neighbour is not None:
@@ -96,12 +118,16 @@ def measure(model_dir: str, env: dict[str, str], beside: bool, rows: int, tokens
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench omp-wait", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="a known model name (halo-train models) or a folder")
-    ap.add_argument("--rows", type=int, default=4, help="rows per step")
-    ap.add_argument("--tokens", type=int, default=192, help="tokens per row")
-    ap.add_argument("--steps", type=int, default=4, help="steps per measurement, the first taken off as warm-up")
+    ap.add_argument("--work", choices=sorted(WORK), default="train",
+                    help="train: LoRA training steps; decode: a chat server's decode steps, a token per row")
+    ap.add_argument("--rows", type=int, help="rows per step (train 4, decode 1)")
+    ap.add_argument("--tokens", type=int, help="tokens per row (train 192; decode: the prompt's, 300)")
+    ap.add_argument("--steps", type=int, help="steps per measurement, the first taken off as warm-up (train 4, decode 64)")
     ap.add_argument("--rounds", type=int, default=2, help="measurements per arm, the arms taking turns")
     ap.add_argument("--spincount", type=int, default=2000, help="GOMP_SPINCOUNT of the third policy: spin this long, then sleep")
     a = ap.parse_args(argv)
+    script, rows, tokens, steps = WORK[a.work]
+    a.rows, a.tokens, a.steps = a.rows or rows, a.tokens or tokens, a.steps or steps
     if a.steps < 2 or a.rounds < 1 or a.rows < 1 or a.tokens < 2:
         raise SystemExit("Error: --steps must be at least 2, --rounds and --rows at least 1, --tokens at least 2")
     from bench.reports import save
@@ -114,22 +140,22 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in range(a.rounds):
         for policy, beside in arms_order:
             name = f"{policy}{'-beside' if beside else ''}"
-            got = measure(model_dir, _env(policy, a.spincount), beside, a.rows, a.tokens, a.steps)
+            got = measure(script, model_dir, _env(policy, a.spincount), beside, a.rows, a.tokens, a.steps)
             samples[name].append(got)
             walls = [w for w, _ in got["seconds"][1:]]
-            print(f"round {round_ + 1} {name:16s} {statistics.median(walls):.2f} s per step ({got['threads']} threads)")
+            print(f"round {round_ + 1} {name:16s} {statistics.median(walls):.4f} s per step ({got['threads']} threads)")
 
     def per_step(name: str, index: int) -> float:
         return statistics.median(s[index] for got in samples[name] for s in got["seconds"][1:])
 
-    arms = {name: {"wall_per_step": round(per_step(name, 0), 3), "cpu_per_step": round(per_step(name, 1), 3),
+    arms = {name: {"wall_per_step": round(per_step(name, 0), 5), "cpu_per_step": round(per_step(name, 1), 5),
                    "threads": got[0]["threads"], "samples": got} for name, got in samples.items()}
     ratios = {f"{policy}/default": {where: round(arms[policy + suffix]["wall_per_step"] / arms["default" + suffix]["wall_per_step"], 2)
                                     for where, suffix in (("alone", ""), ("beside", "-beside"))}
               for policy in POLICIES[1:]}
     for key, ratio in ratios.items():
         print(f"{key}, seconds per step: alone {ratio['alone']}x, beside a neighbour {ratio['beside']}x")
-    out = save("omp-wait", {"model": a.model, "rows": a.rows, "tokens": a.tokens, "steps": a.steps, "rounds": a.rounds,
+    out = save("omp-wait", {"work": a.work, "model": a.model, "rows": a.rows, "tokens": a.tokens, "steps": a.steps, "rounds": a.rounds,
                             "spincount": a.spincount,
                             "arms": arms, "ratios": ratios, "load_before": load_before, "load_after": os.getloadavg()},
                argv if argv is not None else sys.argv[2:])

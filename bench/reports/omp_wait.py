@@ -14,13 +14,21 @@ def _label(name: str, spincount: int) -> str:
     return f"{what}, {'beside a neighbour' if beside else 'alone'}"
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
+
+
 def report(results_dir: pathlib.Path) -> str:
     runs = load_runs(results_dir)
     rows, lines = [], []
     for run in runs:
-        measured = f"{run['rounds']} × {run['steps'] - 1} steps of {run['rows']} × {run['tokens']} tokens"
+        if run.get("work", "train") == "train":
+            measured = f"LoRA training: {run['rounds']} × {run['steps'] - 1} steps of {run['rows']} × {run['tokens']} tokens"
+        else:
+            measured = (f"decode: {run['rounds']} × {run['steps'] - 1} tokens of {run['rows']} row(s) "
+                        f"on a {run['tokens']}-token cache")
         for name, arm in run["arms"].items():
-            rows.append([run["date"], _label(name, run["spincount"]), f"{arm['wall_per_step']:.2f}", f"{arm['cpu_per_step']:.2f}",
+            rows.append([run["date"], _label(name, run["spincount"]), _seconds(arm["wall_per_step"]), _seconds(arm["cpu_per_step"]),
                          arm["threads"], measured, f"`{run['command']}`"])
         names = {"passive/default": "PASSIVE / default", "spin/default": f"spin {run['spincount']} / default"}
         ratios = "; ".join(f"{names[key]}: alone {r['alone']}×, beside a neighbour {r['beside']}×"
