@@ -33,7 +33,8 @@ def report(results_dir: pathlib.Path) -> str:
         names = {"passive/default": "PASSIVE / default", "spin/default": f"spin {run['spincount']} / default"}
         ratios = "; ".join(f"{names[key]}: alone {r['alone']}×, beside a neighbour {r['beside']}×"
                            for key, r in run["ratios"].items())
-        lines.append(f"- seconds per step, {ratios}; {run['model']}; load {run['load_before'][0]:.1f} before, "
+        work = "LoRA training" if run.get("work", "train") == "train" else "decode"
+        lines.append(f"- {work}, seconds per step, {ratios}; {run['model']}; load {run['load_before'][0]:.1f} before, "
                      f"{run['load_after'][0]:.1f} after; " + provenance(run))
     return table(["date", "OpenMP wait", "s per step", "CPU-s per step", "torch threads", "measured", "command"], rows) \
         + "\n" + "\n".join(lines) + "\n"
