@@ -90,7 +90,7 @@ def test_every_cli_takes_h_and_version(module):
 # A command added to a CLI's group in a fresh process: what OpenMP's settings are when its body runs, and torch unloaded.
 PROBE = """
 import os, sys
-from {module} import main
+from {module} import {group} as main
 @main.command("probe")
 def probe():
     print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
@@ -98,14 +98,15 @@ main(["probe"])
 """
 
 
-@pytest.mark.parametrize("module", ["halo_agent.cli", "halo_train.cli"])
+@pytest.mark.parametrize("module, group", [("halo_agent.cli", "main"), ("halo_train.cli", "main"),
+                                           ("halo_train.experiment.cli", "experiment")])
 @pytest.mark.parametrize("given, seen", [
     ({}, "2000 None False"),  # a short spin, set before torch loads (libgomp reads it then)
     ({"OMP_WAIT_POLICY": "ACTIVE"}, "None ACTIVE False"),  # the user's OpenMP settings stand
     ({"GOMP_SPINCOUNT": "300000"}, "300000 None False"),
 ])
-def test_commands_that_run_torch_set_a_short_openmp_spin_unless_openmp_wait_is_set(module, given, seen):
+def test_commands_that_run_torch_set_a_short_openmp_spin_unless_openmp_wait_is_set(module, group, given, seen):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], env=env | given, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module, group=group)], env=env | given,
+                          capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (0, seen), done.stderr[-2000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from halo_data.cli_support import CONTEXT_SETTINGS, run_cli
+from halo_data.cli_support import CONTEXT_SETTINGS, run_cli, short_openmp_spin
 
 ROOT_HELP = "Where the lake, adapters, logs and records go (default: runs/NAME beside the working directory)."
 
@@ -47,6 +47,7 @@ def experiment() -> None:
     """Pre-registered experiments: a protocol file (tasks, splits, arms, seeds, budget, statistics, targets),
     screened on dev seeds, registered at a commit, run stage by stage (resumed exactly, each test split once),
     exported and reported. See docs/learning.md."""
+    short_openmp_spin()  # also as `python -m halo_train.experiment`: the stages inherit it
 
 
 @experiment.command("register")
