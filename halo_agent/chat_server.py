@@ -446,7 +446,11 @@ class ChatCompletionServer(LocalHTTPServer):
                 # vLLM answers the runtime LoRA routes in plain text, everything else in JSON.
                 text = isinstance(payload, str)
                 data = (payload if text else json.dumps(payload)).encode("utf-8")
-                reply(self, status, data, "text/plain; charset=utf-8" if text else "application/json")
+                try:
+                    reply(self, status, data, "text/plain; charset=utf-8" if text else "application/json")
+                except ConnectionError:  # the client is gone (killed, timed out): what it asked for is done, unanswered
+                    log.info("%s %s: the client closed the connection before the answer", self.command, self.path)
+                    self.close_connection = True
 
             def _error(self, e: RequestError) -> None:
                 self._send(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.status}})

@@ -276,3 +276,33 @@ def test_the_chat_server_stops_when_the_process_that_started_it_is_killed(models
     finally:
         if _running(server):
             os.kill(server, signal.SIGKILL)
+
+
+def test_a_client_gone_before_the_answer_is_one_log_line_and_the_request_still_counts(server, models, caplog, capfd):
+    """A client killed while its load runs (an online run killed with -9): the server loads the adapter, finds the
+    connection closed when it answers, says so in one line, and serves on; a retry finds the adapter loaded."""
+    import logging
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    _, adapters = models
+    url = urlparse(server.url)
+    body = json.dumps({"lora_name": "policy-1", "lora_path": adapters["policy-1"]}).encode()
+    with caplog.at_level(logging.INFO, logger="halo_agent.chat_server"):
+        client = socket.create_connection((url.hostname, url.port), timeout=30)
+        client.sendall(b"POST /v1/load_lora_adapter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        client.close()  # before the answer
+        for _ in range(200):  # until the server has tried to answer
+            if any("closed the connection" in r.getMessage() for r in caplog.records):
+                break
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.name == "halo_agent.chat_server" and r.levelno >= logging.INFO]
+    assert lines == [f"loaded LoRA adapter policy-1 from {adapters['policy-1']}",
+                     "POST /v1/load_lora_adapter: the client closed the connection before the answer"], lines
+    assert "Traceback" not in capfd.readouterr().err
+    assert "policy-1" in [m["id"] for m in call(f"{server.url}/models").json()["data"]]
+    with EngineClient(server.url, backoff=0.0) as engine:  # the retry an online run makes on --resume
+        engine.load_adapter("policy-1", adapters["policy-1"])
+    assert chat(server.url, "policy-1")["model"] == "policy-1"
