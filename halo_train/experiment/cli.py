@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
@@ -93,8 +94,14 @@ def run_command(protocol: str, root: str | None, arms: str | None, seeds: str | 
 def status_command(protocol: str, root: str | None) -> None:
     """Every stage: done, or episodes there of planned; the registrations and the commits stages ran at."""
     runner = _setup(protocol, root)
-    for row in runner.status():
+    rows = runner.status()
+    for row in rows:
         click.echo(f"{row['stage']:<52} {row['done']}")
+    counts = [tuple(map(int, str(r["done"]).split("/"))) for r in rows if re.fullmatch(r"\d+/\d+", str(r["done"]))]
+    there, planned = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    trained = [r["done"] is True for r in rows if r["stage"].startswith("train ")]
+    click.echo(f"episodes of the planned samples and evaluations: {there} of {planned} ({100 * there / max(planned, 1):.0f}%); "
+               f"training: {sum(trained)} of {len(trained)} done")
     regs = runner.records.registrations()
     click.echo(f"registrations: {len(regs)}" + (f" (latest at {regs[-1]['commit'] or 'no commit'})" if regs else
                                                  " (run `halo-train experiment register` before `run`)"))

@@ -417,7 +417,11 @@ class Runner:
         for arm in self.p.arms:
             for seed in self.p.arm_seeds(arm):
                 if self.p.arms[arm]["kind"] == "trained":
-                    rows.append({"stage": f"train {arm} s{seed}", "done": self.final_adapter(arm, seed) is not None})
+                    done: bool | str = self.final_adapter(arm, seed) is not None
+                    if not done and self.p.method(arm) == "online":  # how far its iterations are
+                        its = self.state.online_iterations(self.p.online_run(seed, arm))
+                        done = f"{len(its)}/{int(self.p.hyperparameters[arm]['iterations'])} iterations"
+                    rows.append({"stage": f"train {arm} s{seed}", "done": done})
                     for r in range(self.p.rounds(arm)):
                         run_id = self.p.round_run(arm, seed, r)
                         rows.append({"stage": run_id, "done": f"{self.state.episodes(run_id)}/{self.p.round_episodes(arm)}"})
