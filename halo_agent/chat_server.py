@@ -99,6 +99,7 @@ from halo_agent.local_http import LocalHTTPServer, reply, serve_until_interrupte
 from halo_agent.policies.hf_policy import (CHOICE_DRAWS, LOGPROBS_MODES, SCORE_MODES, AdapterNotFoundError, ChoiceRequest,
                                           LocalChatModel, ModelLoadError)
 from halo_agent.policies.linear_kernels import LINEAR_KERNELS
+from halo_data.cli_support import passive_openmp
 
 log = logging.getLogger(__name__)
 
@@ -562,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_niceness_in_session_group()
     # OpenMP threads that spin while they wait stall one another when the cores are shared (a browser, other jobs):
     # a 170-token prefill on 2 threads took 25-34 s spinning against 1.5-3.5 s waiting passively (load 25 on
-    # 2 cores). Read when torch loads, so set before it does; an OMP_WAIT_POLICY already set is kept.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # 2 cores). Read when torch loads, so set before it does; the user's OpenMP settings are kept.
+    passive_openmp()
     if args.threads is not None:
         import torch
 
@@ -584,8 +585,9 @@ def main(argv: list[str] | None = None) -> int:
             engine.walk_batch_from = args.walk_batch_from
         import torch
 
-        log.info("scoring guided choices %s; linear layers on %s; %d torch threads, OMP_WAIT_POLICY=%s", args.score_mode,
-                 engine.linear_kernel, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"))
+        log.info("scoring guided choices %s; linear layers on %s; %d torch threads, OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s",
+                 args.score_mode, engine.linear_kernel, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"),
+                 os.environ.get("GOMP_SPINCOUNT"))
         return ChatCompletionServer(
             engine, args.served_model_name, port=args.port,
             api_key=args.api_key or os.environ.get("HALO_CHAT_SERVER_KEY"), max_tokens_limit=args.max_tokens_limit,

@@ -42,14 +42,25 @@ USER_ERRORS = (LakeError, DeltaError, duckdb.Error, ValueError, OSError, Runtime
 # (`python -m bench omp-wait`, docs/benchmarks.md). OMP_WAIT_POLICY=PASSIVE (no spin) matches it shared, and costs
 # 12% alone.
 OPENMP_SPINCOUNT = "2000"
+# Set beside GOMP_SPINCOUNT where HALO chose it, not the user: a server that waits passively gives it up.
+HALO_SPIN_MARK = "HALO_GOMP_SPINCOUNT"
 
 
 def short_openmp_spin() -> None:
     """Set ``GOMP_SPINCOUNT`` for this process and the ones it starts, unless OpenMP's wait is set already.
 
     libgomp reads it when torch loads, so a command calls this before anything imports torch."""
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = os.environ[HALO_SPIN_MARK] = OPENMP_SPINCOUNT
+
+
+def passive_openmp() -> None:
+    """``OMP_WAIT_POLICY=PASSIVE`` for this process unless the user set OpenMP's wait: the chat server's, whose
+    decode steps wait passively best beside other work (docs/benchmarks.md). A ``GOMP_SPINCOUNT`` outranks the
+    policy in libgomp, so HALO's own short spin, inherited from the command that started the server, gives way."""
+    if os.environ.get(HALO_SPIN_MARK) and os.environ.get("GOMP_SPINCOUNT") == os.environ[HALO_SPIN_MARK]:
+        del os.environ["GOMP_SPINCOUNT"]
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def default_lake() -> str:

@@ -93,20 +93,37 @@ import os, sys
 from {module} import {group} as main
 @main.command("probe")
 def probe():
-    print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+    print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("HALO_GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"),
+          "torch" in sys.modules)
 main(["probe"])
 """
+
+
+@pytest.mark.parametrize("given, seen", [
+    ({}, "None PASSIVE"),
+    ({"GOMP_SPINCOUNT": "2000", "HALO_GOMP_SPINCOUNT": "2000"}, "None PASSIVE"),  # HALO's short spin, inherited: gone
+    ({"GOMP_SPINCOUNT": "2000"}, "2000 PASSIVE"),  # the user's spin stands (libgomp lets it outrank the policy)
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "None ACTIVE"),
+])
+def test_the_chat_server_waits_passively_unless_the_user_set_openmp_wait(given, seen):
+    """It calls ``passive_openmp`` before torch loads; a GOMP_SPINCOUNT HALO set for the command that started the
+    server would outrank PASSIVE, so it gives way."""
+    probe = ("import os; from halo_data.cli_support import passive_openmp; passive_openmp(); "
+             "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "HALO_GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", probe], env=env | given, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, seen), done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("module, group", [("halo_agent.cli", "main"), ("halo_train.cli", "main"),
                                            ("halo_train.experiment.cli", "experiment")])
 @pytest.mark.parametrize("given, seen", [
-    ({}, "2000 None False"),  # a short spin, set before torch loads (libgomp reads it then)
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, "None ACTIVE False"),  # the user's OpenMP settings stand
-    ({"GOMP_SPINCOUNT": "300000"}, "300000 None False"),
+    ({}, "2000 2000 None False"),  # a short spin, set before torch loads (libgomp reads it then), marked as HALO's
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "None None ACTIVE False"),  # the user's OpenMP settings stand
+    ({"GOMP_SPINCOUNT": "300000"}, "300000 None None False"),
 ])
 def test_commands_that_run_torch_set_a_short_openmp_spin_unless_openmp_wait_is_set(module, group, given, seen):
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "HALO_GOMP_SPINCOUNT")}
     done = subprocess.run([sys.executable, "-c", PROBE.format(module=module, group=group)], env=env | given,
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (0, seen), done.stderr[-2000:]
