@@ -1,6 +1,6 @@
 """From the lake's views to Hugging Face datasets, straight from Arrow (no export in between).
 
-    read = read_view(cfg)                # one consistent snapshot; read.lineage = {table: version}
+    read = read_view(cfg)                # one consistent snapshot, in one order; read.lineage = {table: version}
     dataset = bc_dataset(read.table)     # prompt (chat messages) -> completion (assistant message)
 
 Prompts keep the shape the policy saw at rollout time: the stored chat-messages
@@ -120,7 +120,9 @@ def read_view(
         raise TrainConfigError(str(e)) from None
     try:
         query = base_sql if sql is None else f"WITH selected AS ({base_sql})\n{sql}"
-        table = con.sql(query).to_arrow_table()
+        # One order for one snapshot: DuckDB's parallel scans and joins return rows in any order, and a job's batches
+        # (its seeded shuffle of this order), a resumed job's remaining steps and a seed's adapter all follow it.
+        table = con.sql(f"SELECT * FROM ({query}) ORDER BY ALL").to_arrow_table()
     except duckdb.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainConfigError(f"cannot read {view}{' with --where ' + repr(where) if where else ''}: {first}") from None

@@ -73,3 +73,19 @@ def test_the_runs_a_filter_pins(where, runs):
 def test_runs_and_a_lake_scope_contradict(tmp_path):
     with pytest.raises(TrainConfigError, match="--runs"):
         GRPOConfig(lake=str(tmp_path / "lake"), base_model="unused", runs=["a"], scope="lake")
+
+
+@pytest.mark.parametrize("config", [BCConfig, DPOConfig, GRPOConfig])
+def test_a_jobs_rows_come_in_one_order_whatever_order_the_lake_holds_them_in(tmp_path, config):
+    """The same rows in one order, however the scan meets them: a job's batches (its seeded shuffle of that order),
+    a resumed job's remaining steps and a training seed's adapter all follow it."""
+    reads = []
+    for order in (("a", "b", "c"), ("c", "b", "a")):
+        lake = Lake.init(tmp_path / "-".join(order))
+        for run in order:
+            write_fixture_episodes(lake, run_id=run)
+        cfg = config(lake=str(tmp_path / "-".join(order)), base_model="unused", params={"top_percent": 100},
+                     where="run_id IN ('a', 'b', 'c')")
+        reads.append([read_for(cfg).table.to_pylist() for _ in range(3)])
+    first = reads[0][0]
+    assert len({r["run_id"] for r in first}) == 3 and all(read == first for rs in reads for read in rs)
