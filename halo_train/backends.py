@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from halo_train.config import TrainConfig, TrainConfigError, base_model_path
-from halo_train.lora import lora_config, warm_start
+from halo_train.lora import lora_config, new_adapter, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,6 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
         return _load_vlm(cfg, name, backend)
     if backend == "unsloth":
         return _load_unsloth(cfg, name)
-    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(name)
@@ -100,7 +99,7 @@ def load_for_training(cfg: TrainConfig) -> LoadedModel:
     if cfg.init_adapter:
         model = warm_start(model, cfg.init_adapter, scoring_dropout(cfg))
     else:
-        model = get_peft_model(model, lora_config(cfg))
+        model = new_adapter(model, lora_config(cfg), cfg.seed)
         log.info("loaded %s with LoRA r=%d through peft", name, cfg.lora_r)
     if takes_ratios(cfg):
         disable_dropout(model)

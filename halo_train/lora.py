@@ -23,6 +23,16 @@ def lora_config(cfg: TrainConfig):
     )
 
 
+def new_adapter(model, config, seed: int):
+    """``model`` with a fresh LoRA adapter (``config``) whose A matrices are drawn from ``seed``: one training seed,
+    one initial adapter, as with unsloth's ``random_state`` (B starts at zero)."""
+    import torch
+    from peft import get_peft_model
+
+    torch.manual_seed(seed)
+    return get_peft_model(model, config)
+
+
 def warm_start(model, adapter_dir: str, lora_dropout: float):
     """``model`` with the adapter in ``adapter_dir`` attached and trainable: its saved weights, rank and targets, and
     this job's ``lora_dropout`` (dropout is how a job trains, not part of what the adapter computes; a job that

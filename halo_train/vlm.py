@@ -74,9 +74,10 @@ def language_model_targets(model, target_modules: Sequence[str]) -> list[str]:
 
 def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
     """A Qwen-VL model with LoRA on the language model only, and its processor."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
 
     from halo_agent.vlm import load_processor, load_vlm
+    from halo_train.lora import new_adapter, warm_start
 
     try:
         processor = load_processor(name)
@@ -87,8 +88,6 @@ def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
     targets = language_model_targets(model, cfg.target_modules)
     if cfg.init_adapter:
-        from halo_train.lora import warm_start
-
         model = warm_start(model, cfg.init_adapter, cfg.lora_dropout)
     else:
         # An explicit regex of full names: peft would otherwise also match the vision tower's
@@ -96,7 +95,7 @@ def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
         pattern = "|".join(re.escape(t) for t in targets)
         config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                             target_modules=f"^(?:{pattern})$", bias="none", task_type="CAUSAL_LM")
-        model = get_peft_model(model, config)
+        model = new_adapter(model, config, cfg.seed)
     check_vision_frozen(model)
     log.info("loaded VLM %s with LoRA r=%d on %d language-model layers", name, cfg.lora_r, len(targets))
     return model, processor

@@ -103,6 +103,21 @@ def test_bc_trains_saves_logs_and_resumes(workspace):
     assert json.loads((resumed.final_adapter / "training_stats.json").read_text())["policy_version"] == "3"
 
 
+def test_one_seed_one_adapter(workspace):
+    """The same rows (in one order) and one seed give the same adapter, LoRA's random A included; another seed
+    another: a training seed of an experiment is a run that repeats."""
+    from safetensors.torch import load_file
+
+    def trained(seed: int, name: str) -> dict:
+        cfg = BCConfig(lake=workspace["lake"], base_model=workspace["model"], output_dir=str(workspace["root"] / name),
+                       max_steps=2, seed=seed, **FAST)
+        return load_file(str(train_bc(cfg).final_adapter / "adapter_model.safetensors"))
+
+    first, again, other = trained(0, "seed-0"), trained(0, "seed-0-again"), trained(1, "seed-1")
+    assert first.keys() == again.keys() and all(first[k].equal(again[k]) for k in first)
+    assert all(not first[k].equal(other[k]) for k in first if "lora_A" in k)
+
+
 def test_dpo_trains_with_trl_metrics(workspace):
     out = workspace["root"] / "dpo"
     result = train_dpo(DPOConfig(lake=workspace["lake"], base_model=workspace["model"], output_dir=str(out), max_steps=2, lr=1e-3, **FAST))
