@@ -118,6 +118,22 @@ def test_one_seed_one_adapter(workspace):
     assert all(not first[k].equal(other[k]) for k in first if "lora_A" in k)
 
 
+def test_a_job_resumed_from_a_checkpoint_ends_where_the_uninterrupted_job_ends(workspace):
+    """Killed after its first checkpoint and resumed (the checkpoint alone carried over), a job trains the batches an
+    uninterrupted one trains, in its order, and writes the same adapter."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    root = workspace["root"]
+    common = dict(lake=workspace["lake"], base_model=workspace["model"], max_steps=3, save_steps=1, **FAST)
+    whole = train_bc(BCConfig(output_dir=str(root / "whole"), **common))
+    shutil.copytree(root / "whole" / "checkpoint-1", root / "resumed" / "checkpoint-1")
+    resumed = train_bc(BCConfig(output_dir=str(root / "resumed"), resume_from=str(root / "resumed" / "checkpoint-1"), **common))
+    a, b = (load_file(str(r.final_adapter / "adapter_model.safetensors")) for r in (whole, resumed))
+    assert resumed.global_step == 3 and a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
 def test_dpo_trains_with_trl_metrics(workspace):
     out = workspace["root"] / "dpo"
     result = train_dpo(DPOConfig(lake=workspace["lake"], base_model=workspace["model"], output_dir=str(out), max_steps=2, lr=1e-3, **FAST))
