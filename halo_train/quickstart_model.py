@@ -168,14 +168,11 @@ def _successes(lake, run_id: str) -> dict[str, tuple[int, int]]:
 def _seen_in_training(lake, train_run: str, eval_run: str) -> dict[str, int]:
     """Of the zero-shot eval's episodes, how many start on a page the training run saw, and of its steps, how many
     have a state it saw (a state is the prompt, hashed): held-out seeds are new pages only where these are 0."""
-    row = lake.query_arrow(
-        "with seen as (select distinct prompt_hash from steps where run_id = $train) "
-        "select count(*) filter (where step_idx = 0) AS episodes, "
-        "count(*) filter (where step_idx = 0 and prompt_hash in (select prompt_hash from seen)) AS first_pages_seen, "
-        "count(*) AS steps, count(*) filter (where prompt_hash in (select prompt_hash from seen)) AS steps_seen "
-        "from steps where run_id = $eval", {"train": train_run, "eval": eval_run}, views=False, tables=("steps",),
-    ).to_pylist()[0]
-    return {k: int(v or 0) for k, v in row.items()}
+    from halo_data.novelty import seen_states
+
+    tasks = seen_states(lake, [train_run], [eval_run]).get(eval_run, {}).values()
+    return {"episodes": sum(t["episodes"] for t in tasks), "first_pages_seen": sum(t["first_state_seen"] for t in tasks),
+            "steps": sum(t["steps"] for t in tasks), "steps_seen": sum(t["steps_seen"] for t in tasks)}
 
 
 def _per_task(success: dict[str, tuple[int, int]]) -> str:

@@ -25,6 +25,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from halo_data.novelty import seen_states
+
 EPISODE_COLUMNS = ("arm", "training_seed", "split", "task_id", "task_seed", "attempt", "success", "n_steps",
                    "shaped_return", "env_steps", "version", "run_id", "sampling_seed", "temperature")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -201,26 +203,19 @@ def budget(runner) -> dict[str, dict[str, dict[str, int]]]:
 
 
 def state_novelty(runner) -> dict[str, dict[str, dict[str, int]]]:
-    """How new the evaluated states are, per split and task: of zero_shot's evaluation episodes, how many different
-    first pages they start on, how many start on a page some training run also started or stepped on (its prompt, hashed: the first page does not depend on the
-    policy), and of its steps, how many have a prompt some training run had. Where the observation renders a task's
-    pages alike for every seed, its test seeds are training states again."""
+    """How new the evaluated states are, per split and task (``halo_data.novelty.seen_states`` over zero_shot's
+    evaluations against every training run): the first page does not depend on the policy, so zero_shot's stand for
+    every arm's. Where the observation renders a task's pages alike for every seed, its test seeds are training states
+    again."""
     splits = {run: info["split"] for run, info in _eval_runs(runner).items()
               if info["arm"] == "zero_shot" and info["split"] != "dev"}
     if not splits:
         return {}
-    rows = runner.state.query(
-        "with seen as (select distinct prompt_hash from steps where list_contains($train, run_id)) "
-        "select run_id, task_id, count(*) filter (where step_idx = 0) AS episodes, "
-        "count(distinct prompt_hash) filter (where step_idx = 0) AS distinct_first_pages, "
-        "count(*) filter (where step_idx = 0 and prompt_hash in (select prompt_hash from seen)) AS first_state_seen, "
-        "count(*) AS steps, count(*) filter (where prompt_hash in (select prompt_hash from seen)) AS steps_seen "
-        "from steps where list_contains($eval, run_id) group by run_id, task_id order by run_id, task_id",
-        {"train": training_runs(runner), "eval": sorted(splits)}, views=False, tables=("steps",))
+    lake = runner.state.open()
+    seen = seen_states(lake, training_runs(runner), sorted(splits)) if lake is not None else {}
     out: dict[str, dict[str, dict[str, int]]] = {}
-    for r in rows:
-        out.setdefault(splits[r["run_id"]], {})[r["task_id"]] = {
-            k: int(r[k]) for k in ("episodes", "distinct_first_pages", "first_state_seen", "steps", "steps_seen")}
+    for run_id, tasks in seen.items():
+        out.setdefault(splits[run_id], {}).update(tasks)
     return out
 
 
