@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         results = Path(args.results or ROOT / "bench" / "results" / protocol.name)
         if args.command == "status":
             for row in runner.status():
-                print(f"{row['stage']:<48} {row['done']}")
+                print(f"{row.stage:<48} {row}")
         elif args.command == "register":
             reg = runner.records.register(protocol)
             print(f"registered {protocol.name} at {reg['commit']} in {runner.records.registration_file}")

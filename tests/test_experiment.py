@@ -380,11 +380,11 @@ def test_status_shows_an_online_runs_iterations_and_the_episodes_of_the_whole_pl
     its = int(p.hyperparameters["online_grpo"]["iterations"])
     Lake.init(root / "lake").upsert_runs([{"run_id": p.online_run(0, "online_grpo"), "kind": "online",
                                            "config": json.dumps({"iterations": [{"iteration": i} for i in range(3)]})}])
-    rows = {r["stage"]: r["done"] for r in Runner(p, root, dry_run=True).status()}
-    assert rows["train online_grpo s0"] == f"3/{its} iterations" and rows["train online_grpo s1"] == f"0/{its} iterations"
-    assert rows["train bc_filtered s0"] is False and rows["lv2-sample-s0"] == f"0/{p.sample_episodes}"
+    rows = {r.stage: r for r in Runner(p, root, dry_run=True).status()}
+    assert str(rows["train online_grpo s0"]) == f"3/{its} iterations" and (rows["train online_grpo s1"].there, rows["train online_grpo s1"].planned) == (0, its)
+    assert str(rows["train bc_filtered s0"]) == "not done" and str(rows["lv2-sample-s0"]) == f"0/{p.sample_episodes}"
     out = CliRunner().invoke(main, ["experiment", "status", str(REPO / "bench" / "protocols" / "learning-v2.yaml"),
                                     "--root", str(root)])
-    planned = sum(int(str(d).split("/")[1]) for d in rows.values() if isinstance(d, str) and not d.endswith("iterations"))
+    planned = sum(r.planned for r in rows.values() if r.unit == "episodes")
     assert out.exit_code == 0 and re.search(rf"^train online_grpo s0 +3/{its} iterations$", out.output, re.M), out.output
     assert f"episodes of the planned samples and evaluations: 0 of {planned} (0%); training: 0 of 12 done" in out.output

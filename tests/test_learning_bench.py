@@ -98,7 +98,7 @@ def test_policy_arms_run_once_and_resume_from_the_lake_alone(policy_arms):
     runner = policy_arms
     log = runner.root / "commands.log"
     assert len(log.read_text().splitlines()) == 4  # 2 arms x (test seeds, held-out tasks)
-    assert {r["done"] for r in runner.status() if "-eval-random-" in r["stage"] or "-eval-heuristic-" in r["stage"]} == {"2/2"}
+    assert {str(r) for r in runner.status() if "-eval-random-" in r.stage or "-eval-heuristic-" in r.stage} == {"2/2"}
     again = Runner(runner.p, runner.root, code_dir=runner.records.code_dir)  # a new process knows only the lake
     again.run(arms=["random", "heuristic"])
     assert len(log.read_text().splitlines()) == 4  # everything there: nothing runs again

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import sys
 from pathlib import Path
@@ -96,10 +95,10 @@ def status_command(protocol: str, root: str | None) -> None:
     runner = _setup(protocol, root)
     rows = runner.status()
     for row in rows:
-        click.echo(f"{row['stage']:<52} {row['done']}")
-    counts = [tuple(map(int, str(r["done"]).split("/"))) for r in rows if re.fullmatch(r"\d+/\d+", str(r["done"]))]
-    there, planned = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    trained = [r["done"] is True for r in rows if r["stage"].startswith("train ")]
+        click.echo(f"{row.stage:<52} {row}")
+    episodes = [r for r in rows if r.unit == "episodes"]
+    there, planned = sum(r.there for r in episodes), sum(r.planned for r in episodes)
+    trained = [r.done for r in rows if r.unit != "episodes"]
     click.echo(f"episodes of the planned samples and evaluations: {there} of {planned} ({100 * there / max(planned, 1):.0f}%); "
                f"training: {sum(trained)} of {len(trained)} done")
     regs = runner.records.registrations()

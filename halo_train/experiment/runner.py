@@ -14,6 +14,7 @@ Everything lands under the root: the lake, the adapters, each command's log, ``c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -49,6 +50,27 @@ def _flag(key: str, value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         value = ",".join(map(str, value))
     return [f"--{name}", str(value)]
+
+
+
+@dataclasses.dataclass(frozen=True)
+class StageStatus:
+    """How far one stage is: a run's episodes, an online arm's iterations, or an offline training job (1 of 1 once
+    its final adapter is there)."""
+
+    stage: str
+    there: int
+    planned: int
+    unit: str = "episodes"  # "episodes", "iterations" or "job"
+
+    @property
+    def done(self) -> bool:
+        return self.there >= self.planned
+
+    def __str__(self) -> str:
+        if self.unit == "job" or (self.unit == "iterations" and self.done):
+            return "done" if self.done else "not done"
+        return f"{self.there}/{self.planned}" + (" iterations" if self.unit == "iterations" else "")
 
 
 class Runner:
@@ -412,23 +434,24 @@ class Runner:
                                  "episodes": len(dropped), "episode_ids": dropped, "at": now()})
 
     # ------------------------------------------------------------------ status
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[StageStatus]:
         rows = []
         for arm in self.p.arms:
             for seed in self.p.arm_seeds(arm):
                 if self.p.arms[arm]["kind"] == "trained":
-                    done: bool | str = self.final_adapter(arm, seed) is not None
-                    if not done and self.p.method(arm) == "online":  # how far its iterations are
+                    if self.p.method(arm) == "online":  # how far its iterations are
                         its = self.state.online_iterations(self.p.online_run(seed, arm))
-                        done = f"{len(its)}/{int(self.p.hyperparameters[arm]['iterations'])} iterations"
-                    rows.append({"stage": f"train {arm} s{seed}", "done": done})
+                        planned = int(self.p.hyperparameters[arm]["iterations"])
+                        rows.append(StageStatus(f"train {arm} s{seed}", min(len(its), planned), planned, "iterations"))
+                    else:
+                        rows.append(StageStatus(f"train {arm} s{seed}", int(self.final_adapter(arm, seed) is not None), 1, "job"))
                     for r in range(self.p.rounds(arm)):
                         run_id = self.p.round_run(arm, seed, r)
-                        rows.append({"stage": run_id, "done": f"{self.state.episodes(run_id)}/{self.p.round_episodes(arm)}"})
+                        rows.append(StageStatus(run_id, self.state.episodes(run_id), self.p.round_episodes(arm)))
                 for cell in self.p.eval_cells(arm, seed):
-                    rows.append({"stage": cell.run_id, "done": f"{self.state.episodes(cell.run_id)}/{cell.episodes}"})
+                    rows.append(StageStatus(cell.run_id, self.state.episodes(cell.run_id), cell.episodes))
         if any(self.p.method(a) in ("bc", "dpo") for a in self.p.trained_arms()):
             for seed in self.p.training_seeds:
                 run_id = self.p.sample_run(seed)
-                rows.append({"stage": run_id, "done": f"{self.state.episodes(run_id)}/{self.p.sample_episodes}"})
+                rows.append(StageStatus(run_id, self.state.episodes(run_id), self.p.sample_episodes))
         return rows
