@@ -224,7 +224,7 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     (results / "evidence.json").write_text(json.dumps(evidence))
     its = [{"iteration": k, "update": "trained", "signal": {"success_rate/train": s, "frac_reward_zero_std": z, "kl": 0.01}}
            for k, (s, z) in enumerate([(0.25, 0.5), (0.25, 0.5), (0.5, 0.25), (0.75, 0.25)])]
-    (results / "timing.json").write_text(json.dumps({"online_iterations": {"s0": its, "online_gigpo-s0": []}}))
+    (results / "timing.json").write_text(json.dumps({"online_iterations": {"online_grpo-s0": its, "online_gigpo-s0": []}}))
     text = report(p, results)
     assert text.index("**Targets**") < text.index("**Per task: test_seeds, temperature 1**")
     assert "| choose-list | 1/4 (25%) | 3/4 (75%) |" in text and "| count-shape | 2/4 (50%) | 0/4 (0%) |" in text

@@ -161,6 +161,10 @@ def test_the_online_arms_learning_signal_is_reported_by_iteration():
     assert rows == ["| s0 | 0 | 25 | 0.100 ± 0.500 | 17 | 5 | -0.0020 | 0.040 | – | trained |",
                     "| s0 | 1 | 0 | – ± – | 100 | 0 | – | – | 50 | skipped: every group has zero reward spread |"]
     assert signal_table({"online_iterations": {"s0": [{"iteration": 0, "update": "trained"}]}}) == ""  # an older export
+    # Exports name every online run ARM-sN; older ones named online_grpo's sN: both read alike.
+    assert signal_table({"online_iterations": {"online_grpo-s0": timing["online_iterations"]["s0"]}}).splitlines()[2:] == rows
+    gigpo = signal_table({"online_iterations": {"online_gigpo-s1": timing["online_iterations"]["s0"][:1]}})
+    assert gigpo.splitlines()[2].startswith("| online_gigpo s1 | 0 | 25 |")
 
 
 def test_an_online_curve_points_per_seed_runs_are_timed_as_one_row_and_a_resumed_iteration_is_marked():

@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from halo_data.stats import mean_interval, newcombe, welch_interval, wilson
+from halo_train.experiment.report import online_run_key
 
 SPLIT_ORDER = ("test_seeds", "heldout_tasks", "dev")
 ARM_ORDER = ("zero_shot", "random", "heuristic", "bc_filtered", "dpo", "online_grpo")
@@ -222,17 +223,18 @@ def timing_table(timing: dict[str, Any]) -> str:
     if evals:
         lines += ["| run | steps | policy s/step | wall s/step |", "| --- | --- | --- | --- |"]
         lines += [f"| {run} | {steps} | {policy:.2f} | {wall:.2f} |" for run, steps, policy, wall in evals]
-    for seed, its in (timing.get("online_iterations") or {}).items():
+    for key, its in (timing.get("online_iterations") or {}).items():
+        run = " ".join(online_run_key(key))
         for it in its:
             total, update, reload = it.get("iteration_seconds") or 0.0, it.get("update_seconds") or 0.0, it.get("reload_seconds") or 0.0
             rollout = it.get("rollout_seconds") or 0.0
             if rollout + update + reload > total + 1.0:
                 # A resumed iteration: its rollout's wall time runs from the first run's start, across the gap.
-                lines.append(f"- online_grpo {seed} iteration {it['iteration']}: interrupted and resumed: {total:.0f} s after "
+                lines.append(f"- {run} iteration {it['iteration']}: interrupted and resumed: {total:.0f} s after "
                              f"the resume; rollout {rollout:.0f} s (its wall time spans the gap), update {update:.0f} s, "
                              f"reload {reload:.1f} s ({it.get('update')})")
                 continue
-            lines.append(f"- online_grpo {seed} iteration {it['iteration']}: {total:.0f} s: rollout {rollout:.0f} s, update {update:.0f} s, "
+            lines.append(f"- {run} iteration {it['iteration']}: {total:.0f} s: rollout {rollout:.0f} s, update {update:.0f} s, "
                          f"reload {reload:.1f} s, the rest (held-out curve, bookkeeping) {max(0.0, total - rollout - update - reload):.0f} s "
                          f"({it.get('update')})")
     for job in timing.get("train_jobs", []):
@@ -248,9 +250,11 @@ def signal_table(timing: dict[str, Any]) -> str:
         return "–" if value is None else format(value, fmt)
 
     lines = []
-    for seed, its in (timing.get("online_iterations") or {}).items():
+    for key, its in (timing.get("online_iterations") or {}).items():
         if not any("signal" in it for it in its):
             continue
+        arm, seed = online_run_key(key)
+        seed = seed if arm == "online_grpo" else f"{arm} {seed}"
         if not lines:
             lines = ["| seed | iteration | sampled success % | reward mean ± std | flat groups % | trainable groups | loss | "
                      "clip ratio | held-out dev % | update |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -130,7 +130,7 @@ def timing(runner) -> dict[str, Any]:
     wall = {e["run_id"]: e["wall_seconds_per_step"] * e["steps"] for e in evals if e["wall_seconds_per_step"] is not None}
     for arm, seed in _online_seeds(runner.p):
         its = runner.state.online_iterations(runner.p.online_run(seed, arm))
-        online[f"s{seed}" if arm == "online_grpo" else f"{arm}-s{seed}"] = [{
+        online[f"{arm}-s{seed}"] = [{
             "iteration": it["iteration"],
             "iteration_seconds": it["metrics"].get("iteration_seconds"),
             "rollout_seconds": wall.get(it["rollout_run"]),

@@ -210,6 +210,13 @@ def _halves(values: list[float]) -> str:
     return f"{sum(first) / len(first):.3g} → {sum(second) / len(second):.3g}"
 
 
+def online_run_key(key: str) -> tuple[str, str]:
+    """(arm, "sN") of a key of timing.json's ``online_iterations``: "ARM-sN"; exports older than the second online arm
+    wrote online_grpo's as "sN"."""
+    arm, _, seed = key.rpartition("-")
+    return arm or "online_grpo", seed
+
+
 def online_table(timing: dict[str, Any]) -> str:
     """What each online run's updates had to learn from, and what they did: its iterations' signals, the mean of the
     first half of the iterations and of the second."""
@@ -228,8 +235,8 @@ def online_table(timing: dict[str, Any]) -> str:
         trained = sum(1 for it in its if it.get("update") == "trained")
         cells = [_halves([float(it["signal"][k]) for it in its if it.get("signal", {}).get(k) is not None])
                  for k, _ in signals]
-        label = name if "-s" in name else f"online_grpo-{name}"
-        lines.append(f"| {label} | {len(its)} | {trained} | " + " | ".join(cells) + " |")
+        arm, seed = online_run_key(name)
+        lines.append(f"| {arm}-{seed} | {len(its)} | {trained} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
