@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -119,6 +120,40 @@ def test_fractional_raw_reward_is_kept(env):
     assert out.terminated
     assert out.reward == float(out.raw_reward > 0)
     assert -1.0 <= out.raw_reward <= 1.0
+
+
+def test_an_action_sequence_ends_alike_whether_the_policy_answers_at_once_or_later(env):
+    """click-collapsible's header opens and closes with a 400 ms jQuery animation: the environment waits for it
+    after each action, so the same clicks give the same rewards and pages however long the policy thinks. (Observed
+    at once, a second click on the header landed mid-animation and was ignored while the policy answered quickly,
+    and closed the section when it answered slowly: one action sequence succeeded idle and failed under load.)"""
+    header, submit = "click('16')", "click('22')"  # seed 100031: the section's tab, the submit button inside it
+
+    def play(pause_s: float):
+        env.reset(_spec("click-collapsible"), task_seed=100031)
+        outcomes = []
+        for action in (header, header, submit):
+            out = env.step(action)
+            outcomes.append((out.reward, out.terminated, out.page.axtree, "unsettled_ms" in out.info))
+            time.sleep(pause_s)
+        return outcomes
+
+    at_once, later = play(0.0), play(0.6)
+    assert at_once == later
+    assert [o[:2] for o in at_once] == [(0.0, False), (0.0, False), (0.0, True)]  # closed again: submit misses
+
+
+def test_an_animation_longer_than_the_cap_is_marked_on_the_step():
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    hurried = MiniWoBEnv(settle_ms=50, screenshots=False)
+    try:
+        hurried.reset(_spec("click-collapsible"), task_seed=100031)
+        assert hurried.step("click('16')").info["unsettled_ms"] == 50
+    finally:
+        hurried.close()
+    with pytest.raises(ValueError, match="settle_ms"):
+        MiniWoBEnv(settle_ms=-1)
 
 
 def test_stock_agisdk_browser_env_runs_the_task():

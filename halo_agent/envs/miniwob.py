@@ -122,6 +122,24 @@ _RESTART_EPISODE_JS = r"""([attr, seed, maxTime]) => {
   delete window.browsergym_frame_id_generator;
   if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();""" + _SEED_AND_START + "\n}"
 
+# Wait until the page's animations have finished: jQuery's effects (the accordions, slides and fades of MiniWoB's
+# widgets) and the document's CSS and Web Animations of finite length, polled every 10 ms, for at most capMs.
+# Answers the milliseconds waited, or -1 where something still ran at the cap.
+_SETTLE_JS = r"""async (capMs) => {
+  const start = performance.now();
+  const running = () =>
+    (window.jQuery && jQuery.timers && jQuery.timers.length > 0) ||
+    document.getAnimations().some(a => a.playState === 'running' && a.effect
+                                       && Number.isFinite(a.effect.getComputedTiming().endTime));
+  while (running()) {
+    if (performance.now() - start >= capMs) return -1;
+    await new Promise(resolve => setTimeout(resolve, 10));
+  }
+  return performance.now() - start;
+}"""
+# The longest wait for a page to settle after an action: MiniWoB's effects run 200-600 ms (jQuery's "fast" to "slow").
+DEFAULT_SETTLE_MS = 1000
+
 _READ_GLOBALS_JS = r"""() => ({
   reward: WOB_REWARD_GLOBAL,
   raw_reward: WOB_RAW_REWARD_GLOBAL,
@@ -309,14 +327,21 @@ class MiniWoBEnv:
         screenshots: bool = True,
         base_dir: str | None = None,
         isolation: str = DEFAULT_ISOLATION,
+        settle_ms: int = DEFAULT_SETTLE_MS,
         **_: Any,
     ):
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
+        if not isinstance(settle_ms, int) or isinstance(settle_ms, bool) or settle_ms < 0:
+            raise ValueError(f"settle_ms must be a whole number of milliseconds, 0 (observe at once) or more, got {settle_ms!r}")
         self.session = BrowserSession(headless=headless)
         self.screenshots = screenshots
         self.base_dir = base_dir
         self.isolation = isolation
+        # After each action and reset, wait (up to this long) for the page's animations to end before the reward is
+        # read and the page observed: a click on an accordion header mid-animation does what the policy's speed
+        # decides, so without the wait one action sequence can succeed or fail with the machine's load.
+        self.settle_ms = int(settle_ms)
         self.actions = ActionRunner(action_set(SUBSETS_WITH_COORDINATES))
         self.task: MiniWoBTask | None = None
         self.page = None
@@ -381,6 +406,7 @@ class MiniWoBEnv:
                 and self.page.url == self.task.url
             )
             self._start(subdomain, int(task_seed), restart)
+            self._settle()
             return self._observe()
         except (PlaywrightError, EnvError) as e:
             self._broken = True
@@ -395,6 +421,15 @@ class MiniWoBEnv:
             self.restarts += 1
         else:
             self.goal, _ = self.task.setup(self.page)
+
+    def _settle(self) -> bool:
+        """Wait for the page's animations to end (up to ``settle_ms``); False where they still ran at the cap."""
+        if not self.settle_ms:
+            return True
+        waited = self.page.evaluate(_SETTLE_JS, self.settle_ms)
+        if waited < 0:
+            log.debug("%s: animations still running after %d ms", self.task.task_id if self.task else "page", self.settle_ms)
+        return waited >= 0
 
     def _observe(self) -> PageState:
         self.state = extract_page_state(self.page, self.goal, screenshot=self.screenshots)
@@ -411,7 +446,10 @@ class MiniWoBEnv:
             self._broken = True
             raise EnvError(f"the browser failed during {action!r}: {action_error}")
         try:
+            settled = self._settle()
             reward, done, _, info = self.task.validate(self.page, [])
+            if not settled:
+                info = {**info, "unsettled_ms": self.settle_ms}
             page_state = self._observe()
         except (PlaywrightError, EnvError) as e:
             self._broken = True
