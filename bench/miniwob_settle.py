@@ -1,6 +1,6 @@
 """Whether a MiniWoB++ episode repeats however fast the policy answers: the environment's settle wait against none.
 
-    .venv/bin/python -m bench miniwob-settle                    # learning-v2's 10 tasks, 8 seeds, a 0.5 s answer
+    .venv/bin/python -m bench miniwob-settle                    # learning-v2's 10 tasks and click-collapsible-2, 16 seeds, a 0.5 s answer
     .venv/bin/python -m bench miniwob-settle --tasks click-collapsible,navigate-tree --seeds 20 --pause 1.0
 
 A policy's speed is the machine's load seen from the page: a model answers in 0.1 s idle and in seconds beside a
@@ -84,7 +84,7 @@ def measure(settle_ms: int, tasks: list[str], seeds: int, steps: int, pause_s: f
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench miniwob-settle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB task names")
-    ap.add_argument("--seeds", type=int, default=8, help="task seeds per task (0, 1, ...)")
+    ap.add_argument("--seeds", type=int, default=16, help="task seeds per task (0, 1, ...)")
     ap.add_argument("--steps", type=int, default=6, help="actions per episode at most")
     ap.add_argument("--pause", type=float, default=0.5, help="seconds the slow policy takes to answer")
     a = ap.parse_args(argv)
