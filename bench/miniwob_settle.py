@@ -60,7 +60,7 @@ def measure(settle_ms: int, tasks: list[str], seeds: int, steps: int, pause_s: f
     env_seconds, env_steps = 0.0, 0
     try:
         for task in tasks:
-            repeats, success_differs, successes = 0, 0, [0, 0]
+            repeats, success_differs, successes, task_seconds, task_steps = 0, 0, [0, 0], 0.0, 0
             for seed in range(seeds):
                 at_once, slow = play(env, task, seed, steps, 0.0), play(env, task, seed, steps, pause_s)
                 repeats += at_once["trajectory"] == slow["trajectory"]
@@ -68,10 +68,12 @@ def measure(settle_ms: int, tasks: list[str], seeds: int, steps: int, pause_s: f
                 successes[0] += at_once["success"]
                 successes[1] += slow["success"]
                 for p in (at_once, slow):
-                    env_seconds += p["env_seconds"]
-                    env_steps += len(p["trajectory"])
+                    task_seconds += p["env_seconds"]
+                    task_steps += len(p["trajectory"])
+            env_seconds, env_steps = env_seconds + task_seconds, env_steps + task_steps
             per_task[task] = {"episodes": seeds, "repeat": repeats, "success_differs": success_differs,
-                              "successes_at_once": successes[0], "successes_slow": successes[1]}
+                              "successes_at_once": successes[0], "successes_slow": successes[1], "env_steps": task_steps,
+                              "env_seconds_per_step": round(task_seconds / max(task_steps, 1), 4)}
             print(f"settle_ms={settle_ms:<5} {task:24s} {repeats}/{seeds} repeat, success differs in {success_differs}", flush=True)
     finally:
         env.close()

@@ -17,12 +17,14 @@ def report(results_dir: pathlib.Path) -> str:
                          f"{arm['env_seconds_per_step']:.3f}", measured, f"`{run['command']}`"])
         rows.append([run["date"], "settle / observe at once", "", "", "", f"{run['ratios']['env_seconds_per_step']}×", "",
                      f"`{run['command']}`"])
-        changed = {task for arm in run["arms"].values() for task, t in arm["tasks"].items() if t["repeat"] < t["episodes"]}
-        for task in sorted(changed):
-            per_task.append([run["date"], task] + [f"{arm['tasks'][task]['repeat']}/{arm['tasks'][task]['episodes']}"
-                                                   for arm in run["arms"].values()])
-    arms = list(runs[-1]["arms"]) if runs else []
+    latest = runs[-1] if runs else None
+    for task in (latest["tasks"] if latest else []):
+        cells = [latest["arms"][a]["tasks"][task] for a in latest["arms"]]
+        per_task.append([task] + [f"{c['repeat']}/{c['episodes']}" for c in cells]
+                        + [f"{c['env_seconds_per_step']:.3f}" if "env_seconds_per_step" in c else "–" for c in cells])
     text = table(["date", "arm", "settle_ms", "episodes that repeat", "success differs", "env s per step", "measured", "command"], rows)
     if per_task:
-        text += "\n\nTasks where some episode did not repeat:\n\n" + table(["date", "task"] + [f"repeat, {a}" for a in arms], per_task)
+        arms = list(latest["arms"])
+        text += (f"\n\nPer task, {latest['date']}:\n\n"
+                 + table(["task"] + [f"repeat, {a}" for a in arms] + [f"env s per step, {a}" for a in arms], per_task))
     return text + "\n" + "\n".join(f"- {provenance(r)}" for r in runs) + "\n"
