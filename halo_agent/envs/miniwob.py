@@ -341,7 +341,7 @@ class MiniWoBEnv:
         # After each action and reset, wait (up to this long) for the page's animations to end before the reward is
         # read and the page observed: a click on an accordion header mid-animation does what the policy's speed
         # decides, so without the wait one action sequence can succeed or fail with the machine's load.
-        self.settle_ms = int(settle_ms)
+        self.settle_ms = settle_ms
         self.actions = ActionRunner(action_set(SUBSETS_WITH_COORDINATES))
         self.task: MiniWoBTask | None = None
         self.page = None

@@ -52,7 +52,6 @@ def _flag(key: str, value: Any) -> list[str]:
     return [f"--{name}", str(value)]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class StageStatus:
     """How far one stage is: a run's episodes, an online arm's iterations, or an offline training job (1 of 1 once
