@@ -260,11 +260,16 @@ class _SplitShards:
         self._writer = pq.ParquetWriter(self._files[-1], self.schema)
         self._in_shard = 0
 
-    def abort(self) -> None:
-        """Close the open shard without naming it; the caller removes the folder."""
+    def abort(self, remove: bool = False) -> None:
+        """Close the open shard without naming it; ``remove``: delete the shards written (else the caller removes the
+        folder)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if remove:
+            for path in self._files:
+                path.unlink(missing_ok=True)
+            self._files = []
 
     def close(self) -> list[str]:
         """The shards' paths relative to the dataset folder, under their final names."""
@@ -277,17 +282,14 @@ class _SplitShards:
         return names
 
 
-def _shows_screenshots(lake: Lake, sql: str, as_of: Any, params: Any) -> bool:
-    """Whether any prompt of the rows ``sql`` selects shows a screenshot. Text that merely mentions the part's type
-    passes DuckDB's test and is then parsed out."""
-    from halo_data.query import query_batches
+class _ShowsScreenshots(Exception):
+    """A batch's prompt shows a screenshot while the dataset is being written without an ``images`` column."""
 
-    candidates = f"""select prompt from ({sql}) where contains(prompt, '"image_ref"')"""
-    with query_batches(lake, candidates, as_of=as_of, params=params) as reader:
-        for batch in reader:
-            if any(p and prompts.has_image(prompts.loads(p)) for p in batch.column(0).to_pylist()):
-                return True
-    return False
+
+def _shows_screenshot(prompt_column: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether any prompt of a batch shows a screenshot. Text that merely mentions the part's type passes the
+    substring test and is then parsed out."""
+    return any(p and '"image_ref"' in p and prompts.has_image(prompts.loads(p)) for p in prompt_column.to_pylist())
 
 
 def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = None, params: Any = None, as_of: Any = None,
@@ -312,34 +314,44 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
     columns = query_columns(lake, sql, as_of=snapshot, params=params)
     if split_by is not None and split_by not in columns:
         raise LakeError(f"--split-by {split_by}: view {view} has no such column (columns: {', '.join(columns)})")
-    prompt_images = bool(TRL_COLUMNS.get(view)) and "prompt" in columns and _shows_screenshots(lake, sql, snapshot, params)
+    # A dataset whose prompts show screenshots has an ``images`` column on every row. One read decides it: the rows
+    # are written without the column until a prompt shows one, and then written again with it (a text-only view, the
+    # usual case, is read once).
+    watch = bool(TRL_COLUMNS.get(view)) and "prompt" in columns
     output = Path(output)
     tmp = _prepare_output(output)
     splits: dict[str, _SplitShards] = {}
     try:
-        run_ids: set[str] = set()
-        schema = features = None
-        with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
-            for batch in reader:
-                if not batch.num_rows:
-                    continue
-                table = pa.Table.from_batches([batch])
-                data, image_columns = _dataset_table(lake, view, table, snapshot, prompt_images)
-                if schema is None:
-                    features = _features(data, image_columns)
-                    schema = data.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
-                data = data.cast(schema)
-                if "run_id" in columns:
-                    run_ids.update(r for r in table.column("run_id").to_pylist() if r)
-                if split_by is None:
-                    parts = {"train": data}
-                else:
-                    names = pa.array([split_name(v) for v in table.column(split_by).to_pylist()])
-                    parts = {n: data.filter(pc.equal(names, n)) for n in set(names.to_pylist())}
-                for name, part in parts.items():
-                    if name not in splits:
-                        splits[name] = _SplitShards(tmp / "data", name, schema, max_shard_rows)
-                    splits[name].write(part)
+        for prompt_images in (False, True) if watch else (False,):
+            splits, run_ids, schema, features = {}, set(), None, None
+            try:
+                with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
+                    for batch in reader:
+                        if not batch.num_rows:
+                            continue
+                        table = pa.Table.from_batches([batch])
+                        if watch and not prompt_images and _shows_screenshot(table.column("prompt")):
+                            raise _ShowsScreenshots
+                        data, image_columns = _dataset_table(lake, view, table, snapshot, prompt_images)
+                        if schema is None:
+                            features = _features(data, image_columns)
+                            schema = data.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
+                        data = data.cast(schema)
+                        if "run_id" in columns:
+                            run_ids.update(r for r in table.column("run_id").to_pylist() if r)
+                        if split_by is None:
+                            parts = {"train": data}
+                        else:
+                            names = pa.array([split_name(v) for v in table.column(split_by).to_pylist()])
+                            parts = {n: data.filter(pc.equal(names, n)) for n in set(names.to_pylist())}
+                        for name, part in parts.items():
+                            if name not in splits:
+                                splits[name] = _SplitShards(tmp / "data", name, schema, max_shard_rows)
+                            splits[name].write(part)
+                break
+            except _ShowsScreenshots:
+                for shards in splits.values():
+                    shards.abort(remove=True)
         if not splits:
             raise LakeError(f"view {view} has no rows" + (f" where {where}" if where else "") + ": nothing to export")
         order = sorted(splits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -432,6 +433,28 @@ def test_the_export_streams_batch_by_batch_into_the_same_dataset_and_fails_whole
     assert all(img.size == (24, 16) for row in b["images"] for img in row)
     card = (tmp_path / "streamed" / "README.md").read_text()
     assert "| smollm2-screenshots |" in card and f"| {TOKEN_RUN} |" in card and "| rows | 6 (train: 6) |" in card
+
+    # One read decides the images column: text rows first, a screenshot in the second batch writes everything again
+    # with it (the same dataset as above); a text-only export reads the view once.
+    import halo_data.query
+
+    reads, real_batches = [], halo_data.query.query_batches
+
+    def text_first(lake_, sql, *args, **kwargs):
+        reads.append(sql)
+        return real_batches(lake_, f"select * from ({sql}) order by contains(prompt, 'image_ref'), run_id, step_idx", *args, **kwargs)
+
+    monkeypatch.setattr(halo_data.query, "query_batches", text_first)
+    late = hf_dataset.export_hf(lake, "bc_rows", tmp_path / "late", params=params, batch_rows=3, max_shard_rows=4)
+    assert len(reads) == 2 and late.rows == {"train": 6} and late.features == whole.features
+    assert sorted(p.name for p in (tmp_path / "late" / "data").iterdir()) == [Path(s).name for s in late.shards]
+    c = load_dataset(str(tmp_path / "late"), split="train", cache_dir=cache).sort(["run_id", "step_idx"])
+    assert c.to_dict() == a.to_dict()
+    reads.clear()
+    text = hf_dataset.export_hf(lake, "bc_rows", tmp_path / "text", where=f"run_id = '{TOKEN_RUN}'", params=params, batch_rows=3)
+    assert len(reads) == 1 and text.rows == {"train": 3} and "images" not in text.features
+    monkeypatch.setattr(halo_data.query, "query_batches", real_batches)
+    shutil.rmtree(tmp_path / "late"), shutil.rmtree(tmp_path / "text")
 
     before = sorted(p.name for p in (tmp_path / "streamed" / "data").iterdir())
     real = hf_dataset._dataset_table
