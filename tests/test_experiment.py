@@ -224,13 +224,19 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     (results / "evidence.json").write_text(json.dumps(evidence))
     its = [{"iteration": k, "update": "trained", "signal": {"success_rate/train": s, "frac_reward_zero_std": z, "kl": 0.01}}
            for k, (s, z) in enumerate([(0.25, 0.5), (0.25, 0.5), (0.5, 0.25), (0.75, 0.25)])]
-    (results / "timing.json").write_text(json.dumps({"online_iterations": {"online_grpo-s0": its, "online_gigpo-s0": []}}))
+    learner = [{"iteration": k, "update": "trained", "signal": {"rows_produced": 100, "rows_trained": r, "approx_kl": kl,
+                                                                "displacement_from_previous": d}}
+               for k, (r, kl, d) in enumerate([(90, 0.002, 0.02), (60, 0.004, 0.01)])]
+    (results / "timing.json").write_text(json.dumps({"online_iterations": {"online_grpo-s0": its, "online_gigpo-s0": [],
+                                                                           "online_grpo-s1": learner}}))
     text = report(p, results)
     assert text.index("**Targets**") < text.index("**Per task: test_seeds, temperature 1**")
     assert "| choose-list | 1/4 (25%) | 3/4 (75%) |" in text and "| count-shape | 2/4 (50%) | 0/4 (0%) |" in text
     assert "| s0 | 62/192 |" in text
     assert "| bc_filtered | 0 | 2 | bc | 731 | 0.53 | 48 | 1.195 → 0.123 | 0.67 → 0.93 | – | – |" in text
-    assert "| online_grpo-s0 | 4 | 4 | 0.25 → 0.625 | – | 0.5 → 0.25 | – | 0.01 → 0.01 | – |" in text
+    assert "| online_grpo-s0 | 4 | 4 | 0.25 → 0.625 | – | 0.5 → 0.25 | – | – | – | 0.01 → 0.01 | – | – | – |" in text
+    # the persistent learner's records: rows produced and trained, its approx_kl as the KL, how far each update moved
+    assert "| online_grpo-s1 | 2 | 2 | – | – | – | – | 100 → 100 | 90 → 60 | 0.002 → 0.004 | 0.02 → 0.01 | – | – |" in text
     assert "online_gigpo-s0" not in text  # no iterations yet: no row
     assert "| test_seeds | click-collapsible | 27/34 | 19/34 | 55/100 |" in text
 

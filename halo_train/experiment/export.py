@@ -116,7 +116,11 @@ def episode_rows(runner) -> list[dict[str, Any]]:
 
 
 ONLINE_SIGNALS = ("success_rate/train", "rewards/mean", "rewards/std", "frac_reward_zero_std", "trainable_groups", "loss",
-                  "clip_ratio", "importance_ratio_mean", "kl", "success_rate/heldout")
+                  "clip_ratio", "importance_ratio_mean", "kl", "success_rate/heldout",
+                  # the persistent learner's: what each update read and trained, and how far it moved the policy
+                  "rows_produced", "rows_trained", "optimizer_steps", "approx_kl", "entropy", "displacement_from_previous",
+                  "displacement_from_base", "groups_success_spread", "groups_shaping_spread_only",
+                  "anchor_groups_with_spread", "step_advantage_share")
 
 
 def timing(runner) -> dict[str, Any]:

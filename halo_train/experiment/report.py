@@ -223,18 +223,26 @@ def online_table(timing: dict[str, Any]) -> str:
     runs = timing.get("online_iterations") or {}
     if not any(runs.values()):
         return ""
-    signals = (("success_rate/train", "sampled success"), ("rewards/std", "reward std"),
-               ("frac_reward_zero_std", "groups without spread"), ("trainable_groups", "trainable groups"),
-               ("kl", "KL"), ("clip_ratio", "clipped"))
-    lines = ["**Online updates** (each iteration's signal, the mean of the first half of the iterations → the second)",
+    # (the keys a signal is recorded under, newest first: the persistent learner's approx_kl, the per-job update's kl)
+    signals = ((("success_rate/train",), "sampled success"), (("rewards/std",), "reward std"),
+               (("frac_reward_zero_std",), "groups without spread"), (("trainable_groups",), "trainable groups"),
+               (("rows_produced",), "rows produced"), (("rows_trained",), "rows trained"), (("approx_kl", "kl"), "KL"),
+               (("displacement_from_previous",), "moved"), (("step_advantage_share",), "step credit share"),
+               (("clip_ratio",), "clipped"))
+
+    def value(it: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+        got = next((it.get("signal", {}).get(k) for k in keys if it.get("signal", {}).get(k) is not None), None)
+        return None if got is None else float(got)
+
+    lines = ["**Online updates** (each iteration's signal, the mean of the first half of the iterations → the second; "
+             "moved: the adapter's displacement from the version before)",
              "", "| run | iterations | trained | " + " | ".join(label for _, label in signals) + " |",
              "| --- " * (3 + len(signals)) + "|"]
     for name, its in sorted(runs.items()):
         if not its:
             continue
         trained = sum(1 for it in its if it.get("update") == "trained")
-        cells = [_halves([float(it["signal"][k]) for it in its if it.get("signal", {}).get(k) is not None])
-                 for k, _ in signals]
+        cells = [_halves([v for it in its if (v := value(it, keys)) is not None]) for keys, _ in signals]
         arm, seed = online_run_key(name)
         lines.append(f"| {arm}-{seed} | {len(its)} | {trained} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
