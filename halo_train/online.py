@@ -300,8 +300,10 @@ def _sample(cfg, lake, engine, base_name, run_id, k, sampler: Served) -> tuple[d
     metrics: dict[str, float] = {
         "policy_version": sampler.version, "rewards/mean": stats["reward_mean"], "rewards/std": stats["reward_std"],
         "success_rate/train": stats["success_rate"], "frac_reward_zero_std": stats["frac_reward_zero_std"],
-        "trainable_groups": stats["n_trainable_groups"], "rollout_steps_per_second": rollout.steps_per_second,
+        "trainable_groups": stats["n_trainable_groups"],
     }
+    if rollout.steps:  # a resumed iteration whose rollout is already in the lake sampled nothing: no speed to record
+        metrics["rollout_steps_per_second"] = rollout.steps_per_second
     metrics.update(_spread(lake, rollout.run_id, _view_weights(cfg)))
     if "unreproducible_states" in stats:  # --group-by state: states left out of training because they did not restore
         metrics["unreproducible_states"] = stats["unreproducible_states"]
@@ -623,7 +625,7 @@ def _describe(it: dict[str, Any]) -> str:
         f"iteration {it['iteration']}: sampled v{it['sampled_version']} "
         f"reward {m['rewards/mean']:.3f}±{m['rewards/std']:.3f}, success {m['success_rate/train']:.0%}, "
         f"{int(m['trainable_groups'])} trainable groups ({m['frac_reward_zero_std']:.0%} flat), "
-        f"{m['rollout_steps_per_second']:.1f} steps/s"
+        + (f"{m['rollout_steps_per_second']:.1f} steps/s" if "rollout_steps_per_second" in m else "rollout already in the lake")
     )
     if it["update"] != "trained":
         text += f"; no update ({it['update']})"
