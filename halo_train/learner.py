@@ -471,6 +471,7 @@ def dpo_loss(model, batch, beta: float):
     chosen = beta * (logps[:n] - reference[:, 0])
     rejected = beta * (logps[n:] - reference[:, 1])
     loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+    chosen, rejected = chosen.detach(), rejected.detach()
     stats = {"rewards/chosen": float(chosen.mean()), "rewards/rejected": float(rejected.mean()),
              "rewards/margins": float((chosen - rejected).mean()),
              "rewards/accuracies": float((chosen > rejected).float().mean())}

@@ -170,7 +170,7 @@ def test_shared_prompts_give_the_full_forwards_loss_and_gradient_with_fewer_toke
         loss, stats = batch_loss(learner.model, batch, cfg, clip_range(cfg), share_prompts=share)
         loss.backward()
         grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
-        results[share] = (float(loss), grads, sum(embedded), stats)
+        results[share] = (loss.item(), grads, sum(embedded), stats)
     hook.remove()
     (full_loss, full_grads, full_tokens, full_stats), (loss, grads, tokens, stats) = results[False], results[True]
     assert loss == pytest.approx(full_loss, abs=1e-5)
