@@ -442,7 +442,7 @@ def test_the_export_streams_batch_by_batch_into_the_same_dataset_and_fails_whole
 
     def text_first(lake_, sql, *args, **kwargs):
         reads.append(sql)
-        return real_batches(lake_, f"select * from ({sql}) order by contains(prompt, 'image_ref'), run_id, step_idx", *args, **kwargs)
+        return real_batches(lake_, f"select * from ({sql}) order by contains(prompt, 'image_ref')", *args, **kwargs)
 
     monkeypatch.setattr(halo_data.query, "query_batches", text_first)
     late = hf_dataset.export_hf(lake, "bc_rows", tmp_path / "late", params=params, batch_rows=3, max_shard_rows=4)
