@@ -394,3 +394,13 @@ def test_status_shows_an_online_runs_iterations_and_the_episodes_of_the_whole_pl
     planned = sum(r.planned for r in rows.values() if r.unit == "episodes")
     assert out.exit_code == 0 and re.search(rf"^train online_grpo s0 +3/{its} iterations$", out.output, re.M), out.output
     assert f"episodes of the planned samples and evaluations: 0 of {planned} (0%); training: 0 of 12 done" in out.output
+    assert "last stage" not in out.output  # nothing ran yet
+    records = Runner(p, root, dry_run=True).records
+    records.append({"stage": "online_grpo-s0", "event": "start", "at": "2026-11-29T12:43:17Z", "commit": "abc"})
+    out = CliRunner().invoke(main, ["experiment", "status", str(REPO / "bench" / "protocols" / "learning-v2.yaml"),
+                                    "--root", str(root)])
+    assert "last stage: online_grpo-s0, started 2026-11-29T12:43:17Z; no end recorded: running, or stopped" in out.output
+    records.append({"stage": "online_grpo-s0", "event": "end", "rc": 0, "at": "2026-11-29T13:40:00Z"})
+    out = CliRunner().invoke(main, ["experiment", "status", str(REPO / "bench" / "protocols" / "learning-v2.yaml"),
+                                    "--root", str(root)])
+    assert "last stage: online_grpo-s0, ended 2026-11-29T13:40:00Z (exit 0)" in out.output

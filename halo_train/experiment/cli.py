@@ -91,7 +91,8 @@ def run_command(protocol: str, root: str | None, arms: str | None, seeds: str | 
 @root_option
 @run_cli
 def status_command(protocol: str, root: str | None) -> None:
-    """Every stage: done, or episodes there of planned; the registrations and the commits stages ran at."""
+    """Every stage: done, or episodes there of planned; the registrations, the commits stages ran at, and the last stage
+    started or ended."""
     runner = _setup(protocol, root)
     rows = runner.status()
     for row in rows:
@@ -104,9 +105,16 @@ def status_command(protocol: str, root: str | None) -> None:
     regs = runner.records.registrations()
     click.echo(f"registrations: {len(regs)}" + (f" (latest at {regs[-1]['commit'] or 'no commit'})" if regs else
                                                  " (run `halo-train experiment register` before `run`)"))
-    commits = sorted({s.get("commit") or "?" for s in runner.records.stages() if s.get("event") == "start"})
+    stages = runner.records.stages()
+    commits = sorted({s.get("commit") or "?" for s in stages if s.get("event") == "start"})
     if commits:
         click.echo(f"stages ran at: {', '.join(c[:12] for c in commits)}")
+    last = next((s for s in reversed(stages) if s.get("event") in ("start", "end")), None)
+    if last is not None and last["event"] == "start":
+        # A stopped runner records no end (its stage is stopped with it, and `run` resumes it).
+        click.echo(f"last stage: {last['stage']}, started {last['at']}; no end recorded: running, or stopped")
+    elif last is not None:
+        click.echo(f"last stage: {last['stage']}, ended {last['at']} (exit {last.get('rc')})")
 
 
 @experiment.command("screen")
