@@ -25,12 +25,15 @@ def lora_config(cfg: TrainConfig):
 
 def new_adapter(model, config, seed: int):
     """``model`` with a fresh LoRA adapter (``config``) whose A matrices are drawn from ``seed``: one training seed,
-    one initial adapter, as with unsloth's ``random_state`` (B starts at zero)."""
+    one initial adapter, as with unsloth's ``random_state`` (B starts at zero). The draws come from a forked RNG:
+    the caller's generators (the job's dropout, its sampling) are as they were before the call."""
     import torch
     from peft import get_peft_model
 
-    torch.manual_seed(seed)
-    return get_peft_model(model, config)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def warm_start(model, adapter_dir: str, lora_dropout: float):

@@ -118,6 +118,23 @@ def test_one_seed_one_adapter(workspace):
     assert all(not first[k].equal(other[k]) for k in first if "lora_A" in k)
 
 
+def test_a_new_adapter_draws_from_its_seed_and_leaves_the_callers_rng_as_it_was(workspace):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from halo_train.backends import lora_config
+    from halo_train.lora import new_adapter
+
+    cfg = BCConfig(lake=workspace["lake"], base_model=workspace["model"], **FAST)
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    adapters = [new_adapter(AutoModelForCausalLM.from_pretrained(workspace["model"]), lora_config(cfg), 7) for _ in range(2)]
+    assert torch.rand(4).equal(expected)  # no draw of the caller's was used or reseeded
+    a, b = ({n: p for n, p in m.named_parameters() if "lora_A" in n} for m in adapters)
+    assert a.keys() == b.keys() and a and all(a[n].equal(b[n]) for n in a)
+
+
 def test_a_job_resumed_from_a_checkpoint_ends_where_the_uninterrupted_job_ends(workspace):
     """Killed after its first checkpoint and resumed (the checkpoint alone carried over), a job trains the batches an
     uninterrupted one trains, in its order, and writes the same adapter."""
