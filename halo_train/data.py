@@ -90,6 +90,13 @@ def _filtered_sql(view: str, where: str | None) -> str:
     return sql
 
 
+def ordered_sql(query: str) -> str:
+    """``query``'s rows in one order for one snapshot. DuckDB's parallel scans and joins return rows in any order,
+    and a job's batches (its seeded shuffle of this order), a resumed job's remaining steps and a seed's adapter all
+    follow it. What the order costs: ``python -m bench view-order``."""
+    return f"SELECT * FROM ({query}) ORDER BY ALL"
+
+
 def read_view(
     lake_root: str,
     view: str,
@@ -120,9 +127,7 @@ def read_view(
         raise TrainConfigError(str(e)) from None
     try:
         query = base_sql if sql is None else f"WITH selected AS ({base_sql})\n{sql}"
-        # One order for one snapshot: DuckDB's parallel scans and joins return rows in any order, and a job's batches
-        # (its seeded shuffle of this order), a resumed job's remaining steps and a seed's adapter all follow it.
-        table = con.sql(f"SELECT * FROM ({query}) ORDER BY ALL").to_arrow_table()
+        table = con.sql(ordered_sql(query)).to_arrow_table()
     except duckdb.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainConfigError(f"cannot read {view}{' with --where ' + repr(where) if where else ''}: {first}") from None
