@@ -53,9 +53,9 @@ def label(n: int) -> str:
     return lab(n)
 
 
-def child(args: list[str]) -> dict[str, Any]:
-    """Run ``python -m bench.measure bench.lake_growth --child ...``: its JSON line, with its peak RSS."""
-    command = [sys.executable, "-m", "bench.measure", "bench.lake_growth", "--child", *args]
+def child(args: list[str], module: str = "bench.lake_growth") -> dict[str, Any]:
+    """Run ``python -m bench.measure MODULE --child ...`` (a figure in a fresh process): its JSON line, with its peak RSS."""
+    command = [sys.executable, "-m", "bench.measure", module, "--child", *args]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:2])} failed: {(proc.stderr or proc.stdout)[-2000:]}")
@@ -146,6 +146,40 @@ def grow(lake, generator, until_steps: int, compact_every: int, log) -> dict[str
             log(f"  {iteration} runs, {steps:,} steps ({time.perf_counter() - t0:.0f} s)")
     return {"runs_appended": len(appended), "append_s": appended, "maintenance": maintenance,
             "seconds": time.perf_counter() - t0}
+
+
+def load_progress(work: Path, key: dict[str, Any], fresh: bool, **more: Any) -> dict[str, Any]:
+    """The figures measured so far on the lake in ``work`` (``progress.json``), grown with the options ``key``; a new
+    record (the folder emptied) when there is none or ``fresh``. Its ``commits``: every commit a call measured at."""
+    progress_path = work / "progress.json"
+    progress = json.loads(progress_path.read_text()) if progress_path.exists() and not fresh else {}
+    if progress and progress.get("campaign") != key:
+        raise SystemExit(f"Error: {work} holds a lake grown with {progress.get('campaign')}, not {key}: "
+                         "pass the same options, --fresh, or another --workdir")
+    if fresh or not progress:
+        shutil.rmtree(work, ignore_errors=True)
+        progress = {"campaign": key, **more, "sizes": {}}
+    work.mkdir(parents=True, exist_ok=True)
+    from bench.reports import head_commit
+
+    commits = progress.setdefault("commits", [])
+    if head_commit() not in commits:
+        commits.append(head_commit())
+    return progress
+
+
+def grow_to(lake, lake_root: str, generator, size: int, progress: dict[str, Any], compact_every: int, log) -> dict[str, Any] | None:
+    """Grow the lake to ``size`` steps (``grow``); None where that size was measured before."""
+    name = label(size)
+    if name in progress["sizes"]:
+        log(f"[{name}] measured before, kept")
+        return None
+    iteration, steps = campaign_runs(lake)
+    if steps > size * 1.1:
+        raise SystemExit(f"Error: the lake at {lake_root} already holds {steps:,} steps, past {name}: "
+                         "measure the sizes in increasing order, or pass --fresh")
+    log(f"[{name}] growing from {steps:,} steps, {iteration} runs")
+    return grow(lake, generator, size, compact_every, log)
 
 
 def children_cpu() -> float:
@@ -352,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="The lake in a bucket of moto's S3 server on loopback, and the requests a run-scoped read "
                          "sends counted (never kept: the bucket is in the server's memory).")
     args = ap.parse_args(argv)
-    from bench.reports import head_commit, save
+    from bench.reports import save
     from halo_data.synthetic import CampaignSpec
 
     def log(message: str) -> None:
@@ -367,18 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         args.fresh = True  # the bucket does not outlive this process
         key["s3"] = True
     progress_path = work / "progress.json"
-    progress = json.loads(progress_path.read_text()) if progress_path.exists() and not args.fresh else {}
-    if progress and progress.get("campaign") != key:
-        raise SystemExit(f"Error: {work} holds a lake grown with {progress.get('campaign')}, not {key}: "
-                         "pass the same options, --fresh, or another --workdir")
-    if args.fresh or not progress:
-        shutil.rmtree(work, ignore_errors=True)
-        progress = {"campaign": key, "spec": spec.__dict__, "sizes": {}}
-    work.mkdir(parents=True, exist_ok=True)
-    commits = progress.setdefault("commits", [])  # every commit a call measured at (a resumed run may add one)
-    commit = head_commit()
-    if commit not in commits:
-        commits.append(commit)
+    progress = load_progress(work, key, args.fresh, spec=spec.__dict__)
     s3 = MotoS3(work) if args.s3 else None
     lake_root = s3.root if s3 else str(work / "lake")
     try:
@@ -409,15 +432,9 @@ def grow_and_measure(args, sizes, spec, key, work: Path, lake_root: str, progres
     probe_generator = CampaignGenerator(CampaignSpec(**{**spec.__dict__, "run_steps": key["probe_steps"], "templates": 1}))
     for size in sizes:
         name = label(size)
-        if name in progress["sizes"]:
-            log(f"[{name}] measured before, kept")
+        growth = grow_to(lake, lake_root, generator, size, progress, args.compact_every, log)
+        if growth is None:
             continue
-        iteration, steps = campaign_runs(lake)
-        if steps > size * 1.1:
-            raise SystemExit(f"Error: the lake at {lake_root} already holds {steps:,} steps, past {name}: "
-                             "measure the sizes in increasing order, or pass --fresh")
-        log(f"[{name}] growing from {steps:,} steps, {iteration} runs")
-        growth = grow(lake, generator, size, args.compact_every, log)
         iteration, steps = campaign_runs(lake)
         res = measure_size(lake_root, size, probe_generator, iteration, args, log, s3)
         res.update({"steps": steps, "growth": growth})

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,23 +56,17 @@ def child_read(lake_root: str, view: str, scope: str, ordered: bool) -> dict[str
             "arrow_bytes": table.nbytes}
 
 
-def child(args: list[str]) -> dict[str, Any]:
-    command = [sys.executable, "-m", "bench.measure", "bench.view_order", "--child", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"read {' '.join(args[1:])} failed: {(proc.stderr or proc.stdout)[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def measure(lake_root: str, repeats: int, log) -> dict[str, Any]:
     """Per view and scope: the ordered and the unordered reads, alternating, and their ratios."""
+    from bench.lake_growth import child
+
     out: dict[str, Any] = {}
     for view in VIEWS:
         for scope in SCOPES:
             reads: dict[str, list[dict]] = {"ordered": [], "unordered": []}
             for _ in range(repeats):
                 for variant in reads:
-                    reads[variant].append(child([lake_root, view, scope, variant]))
+                    reads[variant].append(child([lake_root, view, scope, variant], module="bench.view_order"))
             cell = {variant: {"seconds": [r["seconds"] for r in rs], "cpu_s": [r["cpu_s"] for r in rs],
                               "peak_rss_mb": [r["peak_rss_kb"] / 1024 for r in rs], "rows": rs[0]["rows"],
                               "arrow_mb": rs[0]["arrow_bytes"] / 2**20}
@@ -97,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         lake_root, view, scope, variant = argv[1:]
         print(json.dumps(child_read(lake_root, view, scope, variant == "ordered")))
         return
-    from bench.lake_growth import campaign_runs, grow
-    from bench.reports import head_commit, save
+    from bench.lake_growth import campaign_runs, grow_to, load_progress
+    from bench.reports import save
     from bench.run import label, parse_size
 
     ap = argparse.ArgumentParser(prog="python -m bench view-order", description=__doc__.splitlines()[0])
@@ -121,32 +114,14 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.workdir)
     key = {"run_steps": parse_size(args.run_steps), "compact_every": args.compact_every}
     progress_path = work / "progress.json"
-    progress = json.loads(progress_path.read_text()) if progress_path.exists() and not args.fresh else {}
-    if progress and progress.get("campaign") != key:
-        raise SystemExit(f"Error: {work} holds a lake grown with {progress.get('campaign')}, not {key}: "
-                         "pass the same options, --fresh, or another --workdir")
-    if args.fresh or not progress:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-        progress = {"campaign": key, "sizes": {}, "commits": []}
-    work.mkdir(parents=True, exist_ok=True)
-    if head_commit() not in progress["commits"]:
-        progress["commits"].append(head_commit())
+    progress = load_progress(work, key, args.fresh)
     lake_root = str(work / "lake")
     lake = Lake.init(lake_root)
     generator = CampaignGenerator(CampaignSpec(run_steps=key["run_steps"]))
     for size in sizes:
         name = label(size)
-        if name in progress["sizes"]:
-            log(f"[{name}] measured before, kept")
+        if grow_to(lake, lake_root, generator, size, progress, args.compact_every, log) is None:
             continue
-        _, steps = campaign_runs(lake)
-        if steps > size * 1.1:
-            raise SystemExit(f"Error: the lake at {lake_root} already holds {steps:,} steps, past {name}: "
-                             "measure the sizes in increasing order, or pass --fresh")
-        log(f"[{name}] growing from {steps:,} steps")
-        grow(lake, generator, size, args.compact_every, log)
         _, steps = campaign_runs(lake)
         log(f"[{name}] {steps:,} steps: reading")
         progress["sizes"][name] = {"steps": steps, "views": measure(lake_root, args.repeats, log)}
