@@ -434,23 +434,25 @@ class Runner:
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[StageStatus]:
-        rows = []
+        """Every stage of the plan and how far it is; the lake is read once for all runs' episodes."""
+        planned: list[tuple[str, int, str]] = []  # (a run's stage, its episodes planned, "episodes") or a training
+        trainings: dict[str, StageStatus] = {}
         for arm in self.p.arms:
             for seed in self.p.arm_seeds(arm):
                 if self.p.arms[arm]["kind"] == "trained":
+                    stage = f"train {arm} s{seed}"
                     if self.p.method(arm) == "online":  # how far its iterations are
                         its = self.state.online_iterations(self.p.online_run(seed, arm))
-                        planned = int(self.p.hyperparameters[arm]["iterations"])
-                        rows.append(StageStatus(f"train {arm} s{seed}", min(len(its), planned), planned, "iterations"))
+                        total = int(self.p.hyperparameters[arm]["iterations"])
+                        trainings[stage] = StageStatus(stage, min(len(its), total), total, "iterations")
                     else:
-                        rows.append(StageStatus(f"train {arm} s{seed}", int(self.final_adapter(arm, seed) is not None), 1, "job"))
-                    for r in range(self.p.rounds(arm)):
-                        run_id = self.p.round_run(arm, seed, r)
-                        rows.append(StageStatus(run_id, self.state.episodes(run_id), self.p.round_episodes(arm)))
-                for cell in self.p.eval_cells(arm, seed):
-                    rows.append(StageStatus(cell.run_id, self.state.episodes(cell.run_id), cell.episodes))
+                        trainings[stage] = StageStatus(stage, int(self.final_adapter(arm, seed) is not None), 1, "job")
+                    planned.append((stage, 0, "training"))
+                    planned += [(self.p.round_run(arm, seed, r), self.p.round_episodes(arm), "episodes")
+                                for r in range(self.p.rounds(arm))]
+                planned += [(cell.run_id, cell.episodes, "episodes") for cell in self.p.eval_cells(arm, seed)]
         if any(self.p.method(a) in ("bc", "dpo") for a in self.p.trained_arms()):
-            for seed in self.p.training_seeds:
-                run_id = self.p.sample_run(seed)
-                rows.append(StageStatus(run_id, self.state.episodes(run_id), self.p.sample_episodes))
-        return rows
+            planned += [(self.p.sample_run(seed), self.p.sample_episodes, "episodes") for seed in self.p.training_seeds]
+        there = self.state.episode_counts([run for run, _, unit in planned if unit == "episodes"])
+        return [trainings[stage] if unit == "training" else StageStatus(stage, there.get(stage, 0), n)
+                for stage, n, unit in planned]

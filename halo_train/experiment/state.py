@@ -34,6 +34,14 @@ class LakeState:
                           views=False, tables=("steps",))
         return int(rows[0]["n"]) if rows else 0
 
+    def episode_counts(self, run_ids: list[str]) -> dict[str, int]:
+        """``episodes`` of many runs in one read of the lake (runs with none are absent)."""
+        if not run_ids:
+            return {}
+        rows = self.query("select run_id, count(distinct episode_id) n from steps where list_contains($r, run_id) "
+                          "group by run_id", {"r": sorted(set(run_ids))}, views=False, tables=("steps",))
+        return {r["run_id"]: int(r["n"]) for r in rows}
+
     def has_run(self, run_id: str) -> bool:
         return bool(self.query("select 1 from runs where run_id = $r", {"r": run_id}, views=False, tables=("runs",)))
 
