@@ -148,10 +148,10 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     from halo_agent.serving import EngineClient
     from halo_train.online import run_online
 
-    def busy(self, body):
-        raise RequestError("engine busy", status=503, kind="ServiceUnavailable")
+    def refuse(self, body):  # as vLLM refuses an adapter it cannot serve (a retry cannot cure it: none is made)
+        raise RequestError("rank 16 is greater than max_lora_rank 8", status=400, kind="BadRequestError")
 
-    monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", busy)
+    monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", refuse)
     with ChatCompletionServer(LocalChatModel(tiny, device="cpu"), served_model_name="tiny") as server:
         lines: list[str] = []
         cfg = online_config(tiny, tmp_path, engine_url=server.url, seeds_per_iteration=2)  # two groups: see above
@@ -159,7 +159,7 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
         assert set(EngineClient(server.url).models()) == {"tiny"}  # no policy-* was ever loaded
 
     assert summary.served is None
-    assert "still serving the base model" in lines[0] and "503 engine busy" in lines[0]
+    assert "still serving the base model" in lines[0] and "400 rank 16 is greater than max_lora_rank 8" in lines[0]
     # Both iterations' rows stay, and iteration 1 was sampled (and labelled) by version 0, the one still served.
     rows = query(cfg.lake, "select run_id, policy_version, count(*) n from episodes group by all order by run_id")
     assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 16), ("online-k1", "0", 16)]
