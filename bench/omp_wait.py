@@ -28,13 +28,20 @@ import statistics
 import subprocess
 import sys
 
-STEPS = """
+# What both measured scripts start with (their arguments, the seed) and end with (their steps' seconds, as JSON).
+HEAD = """
 import json, os, sys, time
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 model_dir, rows, tokens, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0)
+"""
+TAIL = """
+print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
+"""
+
+STEPS = HEAD + """
+from peft import LoraConfig, get_peft_model
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                          task_type="CAUSAL_LM"))
@@ -47,16 +54,10 @@ for _ in range(steps):
     optimizer.step()
     optimizer.zero_grad()
     seconds.append([time.perf_counter() - wall, time.process_time() - cpu])
-print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
-"""
+""" + TAIL
 
 # A chat server's decode: one new token per row on a KV cache of the prompt, a step per token.
-DECODE = """
-import json, os, sys, time
-import torch
-from transformers import AutoModelForCausalLM
-model_dir, rows, tokens, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.manual_seed(0)
+DECODE = HEAD + """
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
 seconds = []
@@ -66,8 +67,7 @@ with torch.no_grad():
         wall, cpu = time.perf_counter(), time.process_time()
         out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
         seconds.append([time.perf_counter() - wall, time.process_time() - cpu])
-print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
-"""
+""" + TAIL
 WORK = {"train": (STEPS, 4, 192, 4), "decode": (DECODE, 1, 300, 64)}  # script, default rows, tokens, steps
 
 # A chat server's work between requests: forward passes of the same model, waiting passively as HALO's server does.
