@@ -435,24 +435,19 @@ class Runner:
     # ------------------------------------------------------------------ status
     def status(self) -> list[StageStatus]:
         """Every stage of the plan and how far it is; the lake is read once for all runs' episodes."""
-        planned: list[tuple[str, int, str]] = []  # (a run's stage, its episodes planned, "episodes") or a training
-        trainings: dict[str, StageStatus] = {}
+        stages: list[StageStatus | tuple[str, int]] = []  # a training's status, or (a run, its episodes planned)
         for arm in self.p.arms:
             for seed in self.p.arm_seeds(arm):
                 if self.p.arms[arm]["kind"] == "trained":
-                    stage = f"train {arm} s{seed}"
                     if self.p.method(arm) == "online":  # how far its iterations are
                         its = self.state.online_iterations(self.p.online_run(seed, arm))
                         total = int(self.p.hyperparameters[arm]["iterations"])
-                        trainings[stage] = StageStatus(stage, min(len(its), total), total, "iterations")
+                        stages.append(StageStatus(f"train {arm} s{seed}", min(len(its), total), total, "iterations"))
                     else:
-                        trainings[stage] = StageStatus(stage, int(self.final_adapter(arm, seed) is not None), 1, "job")
-                    planned.append((stage, 0, "training"))
-                    planned += [(self.p.round_run(arm, seed, r), self.p.round_episodes(arm), "episodes")
-                                for r in range(self.p.rounds(arm))]
-                planned += [(cell.run_id, cell.episodes, "episodes") for cell in self.p.eval_cells(arm, seed)]
+                        stages.append(StageStatus(f"train {arm} s{seed}", int(self.final_adapter(arm, seed) is not None), 1, "job"))
+                    stages += [(self.p.round_run(arm, seed, r), self.p.round_episodes(arm)) for r in range(self.p.rounds(arm))]
+                stages += [(cell.run_id, cell.episodes) for cell in self.p.eval_cells(arm, seed)]
         if any(self.p.method(a) in ("bc", "dpo") for a in self.p.trained_arms()):
-            planned += [(self.p.sample_run(seed), self.p.sample_episodes, "episodes") for seed in self.p.training_seeds]
-        there = self.state.episode_counts([run for run, _, unit in planned if unit == "episodes"])
-        return [trainings[stage] if unit == "training" else StageStatus(stage, there.get(stage, 0), n)
-                for stage, n, unit in planned]
+            stages += [(self.p.sample_run(seed), self.p.sample_episodes) for seed in self.p.training_seeds]
+        there = self.state.episode_counts([s[0] for s in stages if isinstance(s, tuple)])
+        return [s if isinstance(s, StageStatus) else StageStatus(s[0], there.get(s[0], 0), s[1]) for s in stages]
