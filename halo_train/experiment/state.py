@@ -30,9 +30,7 @@ class LakeState:
 
     def episodes(self, run_id: str) -> int:
         """Complete episodes of a run in the lake (a run writes whole episodes in one append)."""
-        rows = self.query("select count(distinct episode_id) n from steps where run_id = $r", {"r": run_id},
-                          views=False, tables=("steps",))
-        return int(rows[0]["n"]) if rows else 0
+        return self.episode_counts([run_id]).get(run_id, 0)
 
     def episode_counts(self, run_ids: list[str]) -> dict[str, int]:
         """``episodes`` of many runs in one read of the lake (runs with none are absent)."""
