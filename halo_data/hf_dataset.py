@@ -17,8 +17,8 @@ and into the card's YAML, which also names the configs and splits. ``split_by`` 
 column (a value that is no split name is spelled as one: ``v2.gomail-1`` -> ``v2_gomail_1``; NULL -> ``none``).
 
 The rows stream: they are read, converted and written to their split's shards a batch at a time, from one snapshot
-of the lake, so memory holds a batch and its screenshots, not the view. A training view is read once more first,
-for its prompts alone, to learn whether any shows a screenshot (then the dataset has ``images``).
+of the lake, so memory holds a batch and its screenshots, not the view. A training view is written without an
+``images`` column until a prompt shows a screenshot; then it is written again, from the same snapshot, with one.
 """
 
 from __future__ import annotations
@@ -292,6 +292,65 @@ def _shows_screenshot(prompt_column: pa.ChunkedArray | pa.Array) -> bool:
     return any(p and '"image_ref"' in p and prompts.has_image(prompts.loads(p)) for p in prompt_column.to_pylist())
 
 
+class _DatasetWriter:
+    """One pass of a view's rows into split shards under ``folder``; the first batch fixes the schema and features.
+    ``prompt_images``: the dataset has an ``images`` column. Without one, ``watch`` makes a batch whose prompt shows a
+    screenshot raise ``_ShowsScreenshots``."""
+
+    def __init__(self, lake: Lake, view: str, snapshot: Any, folder: Path, split_by: str | None, max_shard_rows: int,
+                 prompt_images: bool, watch: bool):
+        self.lake, self.view, self.snapshot, self.folder = lake, view, snapshot, folder
+        self.split_by, self.max_shard_rows = split_by, max_shard_rows
+        self.prompt_images, self.watch = prompt_images, watch
+        self.splits: dict[str, _SplitShards] = {}
+        self.run_ids: set[str] = set()
+        self.schema: pa.Schema | None = None
+        self.features: Any = None
+
+    def write(self, table: pa.Table) -> None:
+        if self.watch and not self.prompt_images and _shows_screenshot(table.column("prompt")):
+            raise _ShowsScreenshots
+        data, image_columns = _dataset_table(self.lake, self.view, table, self.snapshot, self.prompt_images)
+        if self.schema is None:
+            self.features = _features(data, image_columns)
+            info = {"huggingface": json.dumps({"info": {"features": self.features.to_dict()}})}
+            self.schema = data.schema.with_metadata(info)
+        data = data.cast(self.schema)
+        if "run_id" in table.column_names:
+            self.run_ids.update(r for r in table.column("run_id").to_pylist() if r)
+        for name, part in self._parts(table, data).items():
+            if name not in self.splits:
+                self.splits[name] = _SplitShards(self.folder, name, self.schema, self.max_shard_rows)
+            self.splits[name].write(part)
+
+    def _parts(self, table: pa.Table, data: pa.Table) -> dict[str, pa.Table]:
+        """``data`` by split: one ``train`` split, or one per value of ``split_by`` in the source rows."""
+        if self.split_by is None:
+            return {"train": data}
+        names = pa.array([split_name(v) for v in table.column(self.split_by).to_pylist()])
+        return {n: data.filter(pc.equal(names, n)) for n in set(names.to_pylist())}
+
+    def abort(self, remove: bool = False) -> None:
+        for shards in self.splits.values():
+            shards.abort(remove=remove)
+
+
+def _write_pass(writer: _DatasetWriter, lake: Lake, sql: str, snapshot: Any, params: Any, batch_rows: int) -> bool:
+    """Every row of ``sql`` through ``writer``, a batch at a time. False where a prompt showed a screenshot that the
+    writer has no column for; its shards are removed then."""
+    from halo_data.query import query_batches
+
+    try:
+        with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
+            for batch in reader:
+                if batch.num_rows:
+                    writer.write(pa.Table.from_batches([batch]))
+    except _ShowsScreenshots:
+        writer.abort(remove=True)
+        return False
+    return True
+
+
 def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = None, params: Any = None, as_of: Any = None,
               split_by: str | None = None, max_shard_rows: int = MAX_SHARD_ROWS, batch_rows: int = 8192) -> HFExport:
     """Write ``view`` (or a table: ``steps``) rows matching ``where`` as a dataset folder at ``output``, ``batch_rows``
@@ -301,7 +360,7 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
     except ImportError:
         raise LakeError("--format hf needs the datasets package: pip install 'halo[train]'") from None
     from halo_data.ops import TRL_COLUMNS, view_sql
-    from halo_data.query import query_batches, query_columns
+    from halo_data.query import query_columns
     from halo_data.views import get_view
 
     if view in S.TABLES:  # a table whole (steps: token ids, logprobs and screenshots of every step)
@@ -310,48 +369,23 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
     else:
         description = get_view(view).description
         sql = view_sql(view, where)
-    snapshot = as_of if as_of is not None else lake.versions()  # both reads see the same rows
+    snapshot = as_of if as_of is not None else lake.versions()  # every pass sees the same rows
     columns = query_columns(lake, sql, as_of=snapshot, params=params)
     if split_by is not None and split_by not in columns:
         raise LakeError(f"--split-by {split_by}: view {view} has no such column (columns: {', '.join(columns)})")
-    # A dataset whose prompts show screenshots has an ``images`` column on every row. One read decides it: the rows
-    # are written without the column until a prompt shows one, and then written again with it (a text-only view, the
-    # usual case, is read once).
+    # A dataset whose prompts show screenshots has an ``images`` column on every row. The rows are written without
+    # the column until a prompt shows one, and then written again with it (a text-only view, the usual case, is read
+    # once).
     watch = bool(TRL_COLUMNS.get(view)) and "prompt" in columns
     output = Path(output)
     tmp = _prepare_output(output)
-    splits: dict[str, _SplitShards] = {}
+    writer: _DatasetWriter | None = None
     try:
         for prompt_images in (False, True) if watch else (False,):
-            splits, run_ids, schema, features = {}, set(), None, None
-            try:
-                with query_batches(lake, sql, as_of=snapshot, params=params, batch_rows=batch_rows) as reader:
-                    for batch in reader:
-                        if not batch.num_rows:
-                            continue
-                        table = pa.Table.from_batches([batch])
-                        if watch and not prompt_images and _shows_screenshot(table.column("prompt")):
-                            raise _ShowsScreenshots
-                        data, image_columns = _dataset_table(lake, view, table, snapshot, prompt_images)
-                        if schema is None:
-                            features = _features(data, image_columns)
-                            schema = data.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
-                        data = data.cast(schema)
-                        if "run_id" in columns:
-                            run_ids.update(r for r in table.column("run_id").to_pylist() if r)
-                        if split_by is None:
-                            parts = {"train": data}
-                        else:
-                            names = pa.array([split_name(v) for v in table.column(split_by).to_pylist()])
-                            parts = {n: data.filter(pc.equal(names, n)) for n in set(names.to_pylist())}
-                        for name, part in parts.items():
-                            if name not in splits:
-                                splits[name] = _SplitShards(tmp / "data", name, schema, max_shard_rows)
-                            splits[name].write(part)
+            writer = _DatasetWriter(lake, view, snapshot, tmp / "data", split_by, max_shard_rows, prompt_images, watch)
+            if _write_pass(writer, lake, sql, snapshot, params, batch_rows):
                 break
-            except _ShowsScreenshots:
-                for shards in splits.values():
-                    shards.abort(remove=True)
+        splits = writer.splits
         if not splits:
             raise LakeError(f"view {view} has no rows" + (f" where {where}" if where else "") + ": nothing to export")
         order = sorted(splits)
@@ -364,18 +398,19 @@ def export_hf(lake: Lake, view: str, output: str | Path, where: str | None = Non
             "params": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items())) if isinstance(params, dict) else params,
             "snapshot": (f"as of {as_of}" if as_of is not None else
                          "versions " + ", ".join(f"{t} {v}" for t, v in snapshot.items())),
-            "runs": _runs(lake, sorted(run_ids), snapshot),
+            "runs": _runs(lake, sorted(writer.run_ids), snapshot),
         }
-        (tmp / "README.md").write_text(_card(view, description, features, rows, sizes, data_files, context), encoding="utf-8")
+        card = _card(view, description, writer.features, rows, sizes, data_files, context)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
     except BaseException:
-        for shards in splits.values():
-            shards.abort()
+        if writer is not None:
+            writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if output.exists():
         shutil.rmtree(output)
     tmp.rename(output)
-    return HFExport(output, rows, features.to_dict(), shards)
+    return HFExport(output, rows, writer.features.to_dict(), shards)
 
 
 def push_to_hub(output: str | Path, repo: str, private: bool = False) -> str:
