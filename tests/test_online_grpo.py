@@ -142,7 +142,8 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(killed_and_res
     assert (out / "engine.log").exists()
 
 
-def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
+def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, monkeypatch, pipeline):
     from halo_agent.chat_server import ChatCompletionServer, RequestError
     from halo_agent.policies.hf_policy import LocalChatModel
     from halo_agent.serving import EngineClient
@@ -154,7 +155,8 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", refuse)
     with ChatCompletionServer(LocalChatModel(tiny, device="cpu"), served_model_name="tiny") as server:
         lines: list[str] = []
-        cfg = online_config(tiny, tmp_path, engine_url=server.url, seeds_per_iteration=2)  # two groups: see above
+        # Two groups (see above); pipelined, the update of iteration 0 overlaps iteration 1's rollout.
+        cfg = online_config(tiny, tmp_path, engine_url=server.url, seeds_per_iteration=2, pipeline=pipeline)
         summary = run_online(cfg, echo=lines.append)
         assert set(EngineClient(server.url).models()) == {"tiny"}  # no policy-* was ever loaded
 
@@ -163,7 +165,7 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     # Both iterations' rows stay, and iteration 1 was sampled (and labelled) by version 0, the one still served.
     rows = query(cfg.lake, "select run_id, policy_version, count(*) n from episodes group by all order by run_id")
     assert [(r["run_id"], r["policy_version"], r["n"]) for r in rows] == [("online-k0", "0", 16), ("online-k1", "0", 16)]
-    # The update went on from policy-1 (trained once), reading rows one version stale.
+    # The update went on from policy-1 (trained once, never served) on version 0's rows: one version stale.
     assert (Path(cfg.output_dir) / "policy-2" / "adapter_config.json").exists()
     iterations = json.loads(query(cfg.lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
     assert [it["served_after"]["name"] for it in iterations] == [None, None]
