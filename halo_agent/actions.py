@@ -214,9 +214,14 @@ CHOICE_LABEL_CHARS = 40  # the most characters of an element's name a labelled c
 
 def choice_label(element: Element) -> str:
     """How a labelled choice names its element: its accessible name quoted as the page lines show it
-    (``'Tab #2'``), else its role (``textbox``); one line, at most CHOICE_LABEL_CHARS characters of the name."""
+    (``'Tab #2'``), else its role and description (``image (trash; in 'Hazel')``, ``textbox``); one line, at most
+    CHOICE_LABEL_CHARS characters of the name or the description."""
     name = " ".join(str(element.name or "").split())[:CHOICE_LABEL_CHARS]
-    return f"'{name}'" if name else (" ".join(str(element.role or "").split()) or "element")
+    if name:
+        return f"'{name}'"
+    role = " ".join(str(element.role or "").split()) or "element"
+    description = " ".join(str(element.description or "").split())[:CHOICE_LABEL_CHARS]
+    return f"{role} ({description})" if description else role
 
 
 def labelled_choice(action: str, label: str) -> str:
@@ -225,7 +230,8 @@ def labelled_choice(action: str, label: str) -> str:
     return f"# {' '.join(label.split())}\n{action}"
 
 
-_ELEMENT_LINE = re.compile(r"^\s*\[([^\]]+)\] (\S+) '(.*)'\s*$")
+# An elements observation's line: ``[bid] role 'name'``, and ``(description)`` after an empty name.
+_ELEMENT_LINE = re.compile(r"^\s*\[([^\]]+)\] (\S+) '(.*)'(?: \((.*)\))?\s*$")
 
 
 def labelled_answer(answer: str, page: str) -> str | None:
@@ -242,7 +248,8 @@ def labelled_answer(answer: str, page: str) -> str | None:
     for line in (page or "").splitlines():
         m = _ELEMENT_LINE.match(line)
         if m and m.group(1) == parsed.args[0]:
-            return labelled_choice(parsed.action, choice_label(Element(m.group(1), m.group(2), m.group(3), "click")))
+            element = Element(m.group(1), m.group(2), m.group(3), "click", description=m.group(4) or "")
+            return labelled_choice(parsed.action, choice_label(element))
     return None
 
 

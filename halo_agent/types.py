@@ -23,6 +23,9 @@ class Element:
     # The bid of an element inside this one with the same accessible name (a tab wrapping its link): the page
     # offers one thing twice, and compact views (the elements observation, constrained choices) list the inner one.
     wraps: str | None = None
+    # For an element without an accessible name (an icon drawn by CSS, a list item): what its markup calls it and
+    # the text it holds or sits in, ``trash; in 'Hazel Nibh nisl.'`` (``halo_agent.envs.base.describe_unnamed``).
+    description: str = ""
 
 
 @dataclasses.dataclass

@@ -21,8 +21,10 @@ PROMPT_VERSION = "halo-prompt-v1"
 OBSERVATION_FORMATS = ("axtree", "elements")
 # v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one, and
 # the goal comes after the page and a local file's URL is its file name (render_messages' goal_last).
+# v3-elements: an element without an accessible name carries a description (elements_text), so an email's trash
+# icon is told from its star and from another email's.
 GOAL_LAST = {"axtree": False, "elements": True}
-PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v2-elements"}
+PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v3-elements"}
 
 MAX_OBSERVATION_CHARS = 6000
 HISTORY_LENGTH = 3
@@ -157,13 +159,18 @@ def render_manager_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
-def elements_text(elements: Iterable[tuple[str, str, str]]) -> str:
+def elements_text(elements: Iterable[tuple[str, ...]]) -> str:
     """The page as the elements a policy may act on, one ``[bid] role 'name'`` line each (AXTree lines, nothing else).
 
-    ``elements``: (bid, role, accessible name) in page order. A small model reads ~10 tokens an
+    ``elements``: (bid, role, accessible name) or (bid, role, accessible name, description) in page order. A
+    description, given to an element without a name, follows in parentheses: ``[26] image '' (trash; in 'Hazel
+    Nibh nisl.')``, what its markup calls it and the text it holds or sits in. A small model reads ~10 tokens an
     element instead of the whole tree's text, URLs and inline boxes.
     """
-    return "\n".join(f"[{bid}] {role} '{name}'" for bid, role, name in elements)
+    lines = []
+    for bid, role, name, *description in elements:
+        lines.append(f"[{bid}] {role} '{name}'" + (f" ({description[0]})" if description and description[0] else ""))
+    return "\n".join(lines)
 
 
 def dumps(messages: list[dict[str, Any]]) -> str:

@@ -212,4 +212,4 @@ def test_the_elements_observation_of_a_real_tab_page_lists_each_tab_once_then_th
     tabs = [n for n in names if "Tab #" in n]
     assert len(tabs) >= 2 and len(tabs) == len(set(tabs))
     assert all(line.split()[1] == "link" for line in page.splitlines() if line.startswith("[") and "Tab #" in line)
-    assert step["prompt_version"] == "halo-prompt-v2-elements"
+    assert step["prompt_version"] == "halo-prompt-v3-elements"

@@ -11,6 +11,7 @@ import yaml
 
 from bench.learning import Runner
 from bench.learning_protocol import Protocol, ProtocolError, load
+from halo_data.prompts import PROMPT_VERSIONS
 from halo_data.stats import mean_interval, newcombe, welch_interval, wilson
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +24,7 @@ def small_protocol(tmp_path: Path, **changes) -> Path:
     raw["splits"]["test"].update(train_tasks_seeds=2, heldout_tasks_seeds=2)
     raw["splits"]["dev"].update(curve_seeds=1)
     raw["interface"]["max_steps"] = 3
+    raw["interface"]["prompt_version"] = PROMPT_VERSIONS[raw["interface"]["observation"]]  # what this code renders
     raw.update(changes)
     path = tmp_path / "learning-small.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -52,6 +54,28 @@ def test_a_protocol_that_trains_on_a_held_out_task_or_overlaps_splits_is_refused
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ProtocolError, match="splits overlap"):
         Protocol.load(tmp_path / "bad.yaml")
+
+
+def test_a_protocol_naming_prompts_this_code_does_not_render_is_refused_before_it_registers_or_runs(tmp_path):
+    """learning-v1 and learning-v2 name the prompts they were run with; this code renders the elements observation
+    with descriptions (halo-prompt-v3-elements), so neither registers nor runs here, in one line."""
+    import subprocess
+    import sys
+
+    raw = yaml.safe_load(small_protocol(tmp_path).read_text())
+    raw["interface"]["prompt_version"] = "halo-prompt-v2-elements"
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(raw))
+    p = Protocol.load(tmp_path / "old.yaml")  # status, export and report still read it
+    with pytest.raises(ProtocolError, match="prompt_version is halo-prompt-v2-elements, but this code renders"):
+        p.check_prompt_version()
+    root = tmp_path / "root"
+    for command in ("register", "run"):
+        done = subprocess.run([sys.executable, "-m", "halo_train.experiment", command, str(tmp_path / "old.yaml"),
+                               "--root", str(root)], capture_output=True, text=True, cwd=REPO)
+        assert done.returncode != 0 and not (root / "experiment.json").exists()
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "halo-prompt-v3-elements" in lines[0], done.stderr
+    Protocol.load(small_protocol(tmp_path)).check_prompt_version()  # the current version passes
 
 
 def test_intervals_match_their_textbook_values():

@@ -340,7 +340,7 @@ def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_
                             f"{TOKEN_COLUMNS} from steps order by episode_id, step_idx")
     assert {s["task_seed"] for s in steps} == {0, 1}  # two train task seeds in the iteration, a group each
     assert all(s["parse_error"] is None and s["action"] == s["model_output"] for s in steps)
-    assert {s["prompt_version"] for s in steps} == {"halo-prompt-v2-elements"}
+    assert {s["prompt_version"] for s in steps} == {"halo-prompt-v3-elements"}
     page, goal = json.loads(steps[0]["prompt"])[1]["content"].split("Page:\n", 1)[1].rsplit("\nGoal: ", 1)
     assert page and all(line.startswith("[") and line.endswith("'") for line in page.splitlines())
     assert goal.endswith("\nNext action:")  # the goal after the page, right before the answer

@@ -162,8 +162,12 @@ def _node_value(node: dict[str, Any], key: str) -> Any:
     return v.get("value") if isinstance(v, dict) else None
 
 
-def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any]) -> list[Element]:
-    """The actions a page offers: visible clickable, fillable and selectable elements, in page order."""
+def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any],
+                         markup: dict[str, str] | None = None) -> list[Element]:
+    """The actions a page offers: visible clickable, fillable and selectable elements, in page order.
+
+    ``markup``: what each element's markup calls it (:func:`markup_names` of the page's DOM snapshot); an element
+    without an accessible name is described by it and by its text (:func:`describe_unnamed`)."""
     nodes = axtree.get("nodes", [])
     by_id = {n.get("nodeId"): n for n in nodes}
     out: list[Element] = []
@@ -207,7 +211,115 @@ def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any
         else:
             continue
         seen.add(bid)
-    return _mark_wrappers(out, nodes, by_id)
+    return describe_unnamed(_mark_wrappers(out, nodes, by_id), nodes, by_id, markup or {})
+
+
+# An element without an accessible name is described by at most this many characters of what its markup calls it,
+# and of the text it holds or, holding none, of the text of the nearest of its DESCRIPTION_LEVELS ancestors that has
+# some: an email's trash icon by ``trash`` and its row's sender and subject.
+DESCRIPTION_MARKUP_CHARS = 24
+DESCRIPTION_TEXT_CHARS = 40
+DESCRIPTION_LEVELS = 4
+# The attributes that name an element in its markup, the first one present winning ("src": its file's stem).
+MARKUP_ATTRIBUTES = ("title", "alt", "id", "class", "src")
+
+
+def markup_names(dom_snapshot: dict[str, Any]) -> dict[str, str]:
+    """bid -> what the element's markup calls it: its title, alt, id or first class, or its image's file name (the
+    first present, at most DESCRIPTION_MARKUP_CHARS characters), from a DOMSnapshot.captureSnapshot answer."""
+    from agisdk.REAL.browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+
+    strings = dom_snapshot.get("strings") or []
+    index = {s: i for i, s in enumerate(strings) if s in (BROWSERGYM_ID_ATTRIBUTE, *MARKUP_ATTRIBUTES)}
+    bid_id = index.get(BROWSERGYM_ID_ATTRIBUTE)
+    rank = {index[a]: r for r, a in enumerate(MARKUP_ATTRIBUTES) if a in index}
+    if bid_id is None or not rank:
+        return {}
+    names: dict[str, str] = {}
+    for document in dom_snapshot.get("documents") or []:
+        for attributes in document.get("nodes", {}).get("attributes") or []:
+            bid, best = None, None
+            for i in range(0, len(attributes) - 1, 2):
+                key, value = attributes[i], attributes[i + 1]
+                if key == bid_id:
+                    bid = strings[value]
+                elif key in rank and value >= 0 and strings[value].strip() and (best is None or rank[key] < best[0]):
+                    best = (rank[key], strings[value])
+            if bid and best is not None:
+                name = best[1]
+                if MARKUP_ATTRIBUTES[best[0]] == "class":  # its first class: ``expandable lastExpandable``
+                    name = name.split()[0]
+                elif MARKUP_ATTRIBUTES[best[0]] == "src":
+                    name = name.split("?")[0].split("#")[0].rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
+                name = " ".join(name.split())[:DESCRIPTION_MARKUP_CHARS]
+                if name:
+                    names[bid] = name
+    return names
+
+
+def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]],
+                     markup: dict[str, str]) -> list[Element]:
+    """Each element without an accessible name, described (``Element.description``) by what its markup calls it
+    and by its text: ``expandable; 'Kasi Leonie'`` for the text it holds, ``trash; in 'Hazel Nibh nisl.'`` for the
+    text of the nearest ancestor (at most DESCRIPTION_LEVELS up) that has some. The climb stops below an ancestor
+    that holds a named element (a form's Submit button): the text around is that element's, not this one's. Text
+    inside other listed elements is never used. Elements with a name are as they were."""
+    unnamed = [e for e in elements if not e.name]
+    if not unnamed:
+        return elements
+    parent = {child: n.get("nodeId") for n in nodes for child in n.get("childIds", [])}
+    node_of = {n.get("browsergym_id"): n.get("nodeId") for n in nodes if n.get("browsergym_id")}
+    listed = {node_of[e.bid] for e in elements if e.bid in node_of}
+    holds_named: set[Any] = set()  # the nodes with a named listed element under them: their text is its
+    for element in elements:
+        ancestor = parent.get(node_of.get(element.bid)) if element.name else None
+        while ancestor is not None and ancestor not in holds_named:
+            holds_named.add(ancestor)
+            ancestor = parent.get(ancestor)
+    texts: dict[Any, str] = {}
+
+    def text(node_id: Any) -> str:
+        """The rendered text under a node, in page order, cut at DESCRIPTION_TEXT_CHARS: none of it from inside
+        another listed element (a Submit button beside a select is not the select's text). Each node's once."""
+        stack = [(node_id, False)]
+        while stack:  # post-order without recursion: a deep page cannot exhaust Python's stack
+            current, expanded = stack.pop()
+            if current in texts:
+                continue
+            node = by_id.get(current) or {}
+            role = _node_value(node, "role")
+            if role in ("StaticText", "InlineTextBox"):  # a text box repeats its StaticText; hidden text is ignored
+                shown = role == "StaticText" and not node.get("ignored")
+                texts[current] = " ".join(str(_node_value(node, "name") or "").split()) if shown else ""
+            elif not expanded:
+                stack.append((current, True))
+                stack.extend((c, False) for c in reversed(node.get("childIds", [])) if c not in texts and c not in listed)
+            else:
+                joined = ""
+                for child in node.get("childIds", []):
+                    part = texts.get(child, "") if child not in listed else ""
+                    joined = f"{joined} {part}" if joined and part else joined or part
+                    if len(joined) >= DESCRIPTION_TEXT_CHARS:
+                        break
+                texts[current] = joined[:DESCRIPTION_TEXT_CHARS]
+        return texts[node_id]
+
+    described: dict[str, str] = {}
+    for element in unnamed:
+        node_id = node_of.get(element.bid)
+        own, around = (text(node_id) if node_id is not None else ""), ""
+        ancestor = parent.get(node_id)
+        for _ in range(DESCRIPTION_LEVELS if not own else 0):
+            if ancestor is None or ancestor in holds_named:
+                break
+            around = text(ancestor)
+            if around:
+                break
+            ancestor = parent.get(ancestor)
+        words = [w for w in (markup.get(element.bid, ""), f"'{own}'" if own else f"in '{around}'" if around else "") if w]
+        if words:
+            described[element.bid] = "; ".join(words)
+    return [dataclasses.replace(e, description=described[e.bid]) if e.bid in described else e for e in elements]
 
 
 def _mark_wrappers(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]]) -> list[Element]:
@@ -510,7 +622,7 @@ def extract_page_state(page, goal: str, tags_to_mark: str = "standard_html", scr
         raise EnvError(f"could not read the page: {last_error}")
     unmark_elements(page)
     text = flatten_axtree_to_str(axtree)
-    elements = elements_from_axtree(axtree, extra_properties)
+    elements = elements_from_axtree(axtree, extra_properties, markup_names(dom))
     return PageState(
         goal=goal,
         url=page.url,

@@ -41,7 +41,8 @@ import threading
 import time
 from typing import Any, Mapping
 
-from halo_agent.envs.base import EnvError, PageState, StepOutcome, TaskSpec, UnknownTaskError, action_set, elements_from_axtree
+from halo_agent.envs.base import (EnvError, PageState, StepOutcome, TaskSpec, UnknownTaskError, action_set,
+                                  elements_from_axtree, markup_names)
 
 log = logging.getLogger(__name__)
 
@@ -448,7 +449,7 @@ class RealEnv:
             goal=self._goal or obs.get("goal") or "",
             url=obs.get("url") or "",
             axtree=flatten_axtree_to_str(axtree),
-            elements=elements_from_axtree(axtree, extra_properties),
+            elements=elements_from_axtree(axtree, extra_properties, markup_names(obs.get("dom_object") or {})),
             screenshot=_png(obs.get("screenshot")) if self.screenshot else None,
             extra={
                 "focused_element_bid": obs.get("focused_element_bid"),

@@ -58,6 +58,7 @@ def register_command(protocol: str, root: str | None) -> None:
     """Record the protocol file's sha256 and the code's commit in the root: stages run only at that commit.
     Run it again at a new commit to let later stages run there (the file itself may not change once a stage ran)."""
     runner = _setup(protocol, root)
+    runner.p.check_prompt_version()
     reg = runner.records.register(runner.p)
     where = reg["commit"] or f"halo {reg['packages'].get('halo')} (not a git checkout)"
     click.echo(f"registered {runner.p.name} (sha256 {reg['protocol_sha256'][:12]}) at {where}"
@@ -132,6 +133,7 @@ def screen_command(protocol: str, root: str | None, tasks: str | None, arms: str
     from halo_train.experiment.screen import SCREEN_ARMS, screen, table
 
     runner = _setup(protocol, root, enforce=False)
+    runner.p.check_prompt_version()
     wanted = tuple(a for a in arms.split(",") if a)
     unknown = [a for a in wanted if a not in ("first_pages", *SCREEN_ARMS)]
     if unknown:

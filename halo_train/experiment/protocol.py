@@ -109,6 +109,18 @@ class Protocol:
         p.check()
         return p
 
+    def check_prompt_version(self) -> None:
+        """The interface's ``prompt_version``, where it names one, is the one this code renders its observation as:
+        the prompts a protocol was registered with are the prompts its stages write."""
+        from halo_data.prompts import PROMPT_VERSIONS
+
+        named, observation = self.interface.get("prompt_version"), self.interface.get("observation", "axtree")
+        rendered = PROMPT_VERSIONS.get(observation)
+        if named is not None and named != rendered:
+            raise ProtocolError(f"{self.path}: interface.prompt_version is {named}, but this code renders the "
+                                f"{observation} observation as {rendered}: run it at a commit that renders {named}, "
+                                f"or register a protocol that names {rendered}")
+
     @property
     def sha256(self) -> str:
         """The protocol file's bytes, hashed: what registration records and every later stage checks."""

@@ -398,6 +398,7 @@ class Runner:
 
     def run(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> None:
         if self.enforce:
+            self.p.check_prompt_version()
             self.records.check(self.p)
         self.drop_unstarted()
         arms = arms or list(self.p.arms)
