@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from halo_data import prompts
 from halo_data.cli_support import (CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, short_openmp_spin,
                                    version_option)
 
@@ -128,8 +129,9 @@ def _task_options(func):
         click.option("--task-seed", type=int, default=None, help="Seed of the task instances (default: --seed)."),
         click.option("--task-seeds", type=int, default=1, show_default=True, help="Task seeds per task, from --task-seed on; each gets --rollouts-per-task attempts."),
         click.option("--max-steps", type=int, default=None, help="Steps per episode (default: 10 miniwob, 70 real, 5 os)."),
-        click.option("--observation", type=click.Choice(["axtree", "elements"]), default="axtree", show_default=True,
-                     help="The page in the prompt: the whole AXTree, or only the elements a policy may act on."),
+        click.option("--observation", type=click.Choice(list(prompts.OBSERVATION_FORMATS)), default="axtree", show_default=True,
+                     help="The page in the prompt: the whole AXTree, or only the elements a policy may act on "
+                          "(elements-v2: without descriptions of unnamed elements, as learning-v2 saw them)."),
         click.option("--workers", type=int, default=1, show_default=True, help="Parallel worker processes, each with its own browser."),
         click.option("--ray-address", default=None, help="Fan episodes out over a Ray cluster (auto, or HOST:PORT): --workers Ray workers, each with its own browser."),
         click.option("--pin-workers/--no-pin-workers", default=True, show_default=True, help="Keep each worker, with its browser, on one CPU (round robin)."),

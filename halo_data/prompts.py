@@ -17,14 +17,15 @@ import json
 from typing import Any, Callable, Iterable, Sequence
 
 PROMPT_VERSION = "halo-prompt-v1"
-# What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on.
-OBSERVATION_FORMATS = ("axtree", "elements")
+# What the "Page:" section shows: the whole AXTree (default), or only the elements a policy may act on (elements-v2:
+# as learning-v2 saw them, unnamed elements without their descriptions).
+OBSERVATION_FORMATS = ("axtree", "elements", "elements-v2")
 # v2-elements: an element wrapping a same-named one (a tab and its link) is listed once, as the inner one, and
 # the goal comes after the page and a local file's URL is its file name (render_messages' goal_last).
 # v3-elements: an element without an accessible name carries a description (elements_text), so an email's trash
 # icon is told from its star and from another email's.
-GOAL_LAST = {"axtree": False, "elements": True}
-PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v3-elements"}
+GOAL_LAST = {"axtree": False, "elements": True, "elements-v2": True}
+PROMPT_VERSIONS = {"axtree": PROMPT_VERSION, "elements": "halo-prompt-v3-elements", "elements-v2": "halo-prompt-v2-elements"}
 
 MAX_OBSERVATION_CHARS = 6000
 HISTORY_LENGTH = 3

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from halo_data.lake import Lake
+from halo_data.prompts import OBSERVATION_FORMATS
 from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _field
 from halo_train.data import EmptyViewError, NoTrainingSignalError
@@ -83,7 +84,7 @@ class OnlineConfig(ServedLoopConfig):
     group_size: int = _field(8, "Attempts per task and task seed: one GRPO group.")
     max_episode_steps: int = _field(5, "Steps per episode.")
     seeds_per_iteration: int = _field(1, "Train task seeds per iteration (a group each): iteration k samples seeds train_seed_start + k * N ... + N - 1.")
-    observation: str = _field("axtree", "The page in the prompt: axtree (the whole tree) | elements (only the elements a policy may act on).", choices=("axtree", "elements"))
+    observation: str = _field("axtree", "The page in the prompt: axtree (the whole tree) | elements (only the elements a policy may act on) | elements-v2 (those without descriptions).", choices=OBSERVATION_FORMATS)
     reward_config: str | None = _field(None, "Reward rules and weights YAML for the rollouts (default: halo_agent/configs/rewards.yaml; rewards-success.yaml pays for success only).")
     constrain_actions: bool = _field(False, "Constrain decoding to the page's actions (vLLM's structured-output choice; the chat server the same): every answer parses.")
     choice_labels: bool = _field(False, "With --constrain-actions: each choice names its element first (# 'Tab #2' then click('21')), so its log-probability includes words the goal names; the step's action stays the canonical call.")

@@ -128,3 +128,24 @@ def test_on_a_real_inbox_the_description_alone_finds_the_named_senders_trash_ico
             assert outcome.terminated and outcome.reward == 1.0  # MiniWoB's own reward
     finally:
         env.close()
+
+
+def test_the_elements_v2_observation_renders_learning_v2s_prompts_without_descriptions():
+    from halo_agent.envs.base import PageState, elements_from_axtree
+    from halo_agent.rollout.episode import build_observation
+    from halo_data import prompts
+
+    elements = elements_from_axtree(inbox_axtree(), CLICKABLE, {"26": "trash", "27": "star", "13": "options"})
+    page = PageState(goal="Find the email by Hazel and click the trash icon.", url="file:///inbox.html", axtree="",
+                     elements=elements, screenshot=None)
+
+    def user_text(observation: str) -> str:
+        obs = build_observation(page, "miniwob.email-inbox-delete", [], 0, False, None, observation_format=observation)
+        return obs.messages[-1]["content"]
+
+    assert "[26] image '' (trash; in 'Hazel Nibh nisl.')" in user_text("elements")
+    old = user_text("elements-v2")
+    assert "[26] image ''\n[27] image ''" in old and "(trash" not in old
+    assert old == user_text("elements").replace(" (trash; in 'Hazel Nibh nisl.')", "").replace(
+        " (star; in 'Hazel Nibh nisl.')", "").replace(" (options)", "").replace(" ('Cheree')", "")
+    assert prompts.PROMPT_VERSIONS["elements-v2"] == "halo-prompt-v2-elements"

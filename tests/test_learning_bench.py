@@ -57,8 +57,9 @@ def test_a_protocol_that_trains_on_a_held_out_task_or_overlaps_splits_is_refused
 
 
 def test_a_protocol_naming_prompts_this_code_does_not_render_is_refused_before_it_registers_or_runs(tmp_path):
-    """learning-v1 and learning-v2 name the prompts they were run with; this code renders the elements observation
-    with descriptions (halo-prompt-v3-elements), so neither registers nor runs here, in one line."""
+    """learning-v2 names the prompts it was run with; this code renders the elements observation with descriptions
+    (halo-prompt-v3-elements), so the protocol neither registers nor runs here, in one line. The elements-v2
+    observation renders learning-v2's prompts."""
     import subprocess
     import sys
 
@@ -74,8 +75,11 @@ def test_a_protocol_naming_prompts_this_code_does_not_render_is_refused_before_i
                                "--root", str(root)], capture_output=True, text=True, cwd=REPO)
         assert done.returncode != 0 and not (root / "experiment.json").exists()
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and "halo-prompt-v3-elements" in lines[0], done.stderr
+        assert len(lines) == 1 and "halo-prompt-v3-elements: a protocol with observation elements-v2 renders it" in lines[0]
     Protocol.load(small_protocol(tmp_path)).check_prompt_version()  # the current version passes
+    raw["interface"]["observation"] = "elements-v2"  # the old prompts, by their observation's name
+    (tmp_path / "v2.yaml").write_text(yaml.safe_dump(raw))
+    Protocol.load(tmp_path / "v2.yaml").check_prompt_version()
 
 
 def test_intervals_match_their_textbook_values():

@@ -55,7 +55,12 @@ class ResetFailedError(RuntimeError):
 def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool,
                       screenshot_hash: str | None, site: str | None = None, observation_format: str = "axtree") -> Observation:
     """What the policy sees at a step; ``observation_format`` (``prompts.OBSERVATION_FORMATS``) picks the page text."""
-    text = page.axtree if observation_format == "axtree" else prompts.elements_text((e.bid, e.role, e.name, e.description) for e in compact_elements(page.elements))
+    if observation_format == "axtree":
+        text = page.axtree
+    else:  # elements-v2: without the descriptions of unnamed elements
+        described = observation_format == "elements"
+        text = prompts.elements_text((e.bid, e.role, e.name, e.description if described else "")
+                                     for e in compact_elements(page.elements))
     # An environment that keeps its own chat history (os) hands the prompt over whole.
     messages = page.extra.get("messages") or prompts.render_messages(
         goal=page.goal,

@@ -117,9 +117,11 @@ class Protocol:
         named, observation = self.interface.get("prompt_version"), self.interface.get("observation", "axtree")
         rendered = PROMPT_VERSIONS.get(observation)
         if named is not None and named != rendered:
+            other = next((o for o, v in PROMPT_VERSIONS.items() if v == named), None)
+            fix = (f"a protocol with observation {other} renders it" if other else
+                   f"run it at a commit that renders {named}")
             raise ProtocolError(f"{self.path}: interface.prompt_version is {named}, but this code renders the "
-                                f"{observation} observation as {rendered}: run it at a commit that renders {named}, "
-                                f"or register a protocol that names {rendered}")
+                                f"{observation} observation as {rendered}: {fix}")
 
     @property
     def sha256(self) -> str:
