@@ -245,12 +245,21 @@ def labelled_answer(answer: str, page: str) -> str | None:
         return None
     if not parsed.args or ACTION_SIGNATURES[parsed.name][0][:1] != (BID,):
         return None
-    for line in (page or "").splitlines():
-        m = _ELEMENT_LINE.match(line)
-        if m and m.group(1) == parsed.args[0]:
-            element = Element(m.group(1), m.group(2), m.group(3), "click", description=m.group(4) or "")
+    for element in element_lines(page):
+        if element.bid == parsed.args[0]:
             return labelled_choice(parsed.action, choice_label(element))
     return None
+
+
+def element_lines(page: str) -> list[Element]:
+    """The elements an elements observation's page text lists (``[bid] role 'name'`` lines, with a description
+    after an empty name), in order; other lines are skipped. Their kind is not in the text: each is a click."""
+    out = []
+    for line in (page or "").splitlines():
+        m = _ELEMENT_LINE.match(line)
+        if m:
+            out.append(Element(m.group(1), m.group(2), m.group(3), "click", description=m.group(4) or ""))
+    return out
 
 
 def bids_in_axtree(axtree: str) -> set[str]:

@@ -220,7 +220,9 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
            "last": {"loss": 0.123, "mean_token_accuracy": 0.93}}
     evidence = {"samples": {"s0": {"miniwob.choose-list": {"episodes": 192, "successes": 62}}}, "offline_jobs": [job],
                 "state_novelty": {"test_seeds": {"miniwob.click-collapsible": {
-                    "episodes": 34, "distinct_first_pages": 27, "first_state_seen": 19, "steps": 100, "steps_seen": 55}}}}
+                    "episodes": 34, "distinct_first_pages": 27, "first_state_seen": 19, "steps": 100, "steps_seen": 55}}},
+                "observation_names": {"test_seeds": {"miniwob.navigate-tree": {
+                    "steps": 40, "elements": 196, "unnamed": 196, "steps_with_no_name": 40}}}}
     (results / "evidence.json").write_text(json.dumps(evidence))
     its = [{"iteration": k, "update": "trained", "signal": {"success_rate/train": s, "frac_reward_zero_std": z, "kl": 0.01}}
            for k, (s, z) in enumerate([(0.25, 0.5), (0.25, 0.5), (0.5, 0.25), (0.75, 0.25)])]
@@ -239,6 +241,7 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     assert "| online_grpo-s1 | 2 | 2 | – | – | – | – | 100 → 100 | 90 → 60 | 0.002 → 0.004 | 0.02 → 0.01 | – | – |" in text
     assert "online_gigpo-s0" not in text  # no iterations yet: no row
     assert "| test_seeds | click-collapsible | 27/34 | 19/34 | 55/100 |" in text
+    assert "| test_seeds | navigate-tree | 40 | 4.9 | 4.9 | 40/40 |" in text
 
 
 def test_an_expert_iteration_rounds_job_is_named_by_its_arm_seed_and_round(tmp_path):

@@ -246,9 +246,12 @@ def test_the_evidence_is_what_each_job_read_its_metrics_at_both_ends_and_the_tes
     # zero_shot's test seeds: one episode starts on a page the sample had, then leaves it; another starts anew.
     [trained] = lake.query_arrow("select prompt_hash from steps where step_idx = 0 limit 1").to_pylist()
     test_run = next(c.run_id for c in runner.p.eval_cells("zero_shot", 0) if c.split == "test_seeds")
+    page = json.dumps([{"role": "system", "content": "[1] button 'not the page'"},
+                       {"role": "user", "content": "URL: x\nPage:\n[5] image '' (trash)\n[6] button 'OK'\nGoal: y"}])
     append_rows(lake, "steps", [{"run_id": test_run, "episode_id": e, "task_id": "miniwob.click-button", "step_idx": i,
-                                 "prompt_hash": h} for e, i, h in (("t1", 0, trained["prompt_hash"]), ("t1", 1, "new-1"),
-                                                                    ("t2", 0, "new-2"))])
+                                 "prompt_hash": h, "prompt": prompt}
+                                for e, i, h, prompt in (("t1", 0, trained["prompt_hash"], None), ("t1", 1, "new-1", page),
+                                                        ("t2", 0, "new-2", page.replace("'OK'", "''")))])
 
     t = evidence(runner)
     episodes = lake.query_arrow("select task_id, count(*) n, sum(success::int) s from episodes "
@@ -261,6 +264,10 @@ def test_the_evidence_is_what_each_job_read_its_metrics_at_both_ends_and_the_tes
     assert "mean_token_accuracy" not in job["first"]  # a bc metric: not a dpo job's
     assert t["state_novelty"] == {"test_seeds": {"miniwob.click-button": {
         "episodes": 2, "distinct_first_pages": 2, "first_state_seen": 1, "steps": 3, "steps_seen": 1}}}
+    # The page its prompts showed: the user message's Page section, not the system prompt; a step without a prompt
+    # is not counted.
+    assert t["observation_names"] == {"test_seeds": {"miniwob.click-button": {
+        "steps": 2, "elements": 4, "unnamed": 3, "steps_with_no_name": 1}}}
 
     row = offline_table(t).splitlines()[2]
     assert row.startswith("| dpo | s0 | 87 pairs | 1.6 | 0.675 → 0.625 |") and "| – |" in row  # no token accuracy for dpo

@@ -164,10 +164,42 @@ SIGNAL_WINDOW = 4  # logged steps averaged at each end (one step is one batch: a
 
 
 def evidence(runner) -> dict[str, Any]:
-    """What the trained arms learnt from, and how new the evaluated states are: ``samples``, ``offline_jobs`` and
-    ``state_novelty`` (online_grpo's per-iteration signal is in timing.json, beside its seconds)."""
+    """What the trained arms learnt from, how new the evaluated states are and what the observation named:
+    ``samples``, ``offline_jobs``, ``state_novelty`` and ``observation_names`` (online_grpo's per-iteration signal
+    is in timing.json, beside its seconds)."""
     jobs = _train_jobs(runner, "run_id, job_type, output_dir, source_view")
-    return {**offline_training(runner, jobs), "state_novelty": state_novelty(runner), "budget": budget(runner)}
+    return {**offline_training(runner, jobs), "state_novelty": state_novelty(runner), "budget": budget(runner),
+            "observation_names": observation_names(runner)}
+
+
+def observation_names(runner) -> dict[str, dict[str, dict[str, int]]]:
+    """What the elements observation named, per split and task, over zero_shot's evaluation steps (the first page
+    does not depend on the policy; later ones little): the elements offered, those without an accessible name, and
+    the steps where no offered element had one (a page of ``image ''`` lines, where only position tells the
+    elements apart). Empty for the axtree observation."""
+    from halo_agent.actions import element_lines
+    from halo_data import prompts
+
+    if not str(runner.p.interface.get("observation", "")).startswith("elements"):
+        return {}
+    splits = {run: info["split"] for run, info in _eval_runs(runner).items()
+              if info["arm"] == "zero_shot" and info["split"] != "dev"}
+    rows = runner.state.query("select run_id, task_id, prompt from steps where list_contains($r, run_id) and prompt "
+                              "is not null", {"r": sorted(splits)}) if splits else []
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for row in rows:
+        user = [m for m in prompts.loads(row["prompt"]) if m.get("role") == "user"]
+        text = prompts.text_only(user[-1:])[0]["content"] if user else ""
+        page = text.split("Page:\n", 1)[-1].split("\nGoal:", 1)[0]
+        elements = element_lines(page)
+        cell = out.setdefault(splits[row["run_id"]], {}).setdefault(
+            row["task_id"], {"steps": 0, "elements": 0, "unnamed": 0, "steps_with_no_name": 0})
+        unnamed = sum(1 for e in elements if not e.name)
+        cell["steps"] += 1
+        cell["elements"] += len(elements)
+        cell["unnamed"] += unnamed
+        cell["steps_with_no_name"] += bool(elements) and unnamed == len(elements)
+    return out
 
 
 def arm_training_runs(runner, arm: str, seed: int) -> list[str]:

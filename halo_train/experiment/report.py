@@ -263,6 +263,24 @@ def novelty_table(evidence: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def names_table(evidence: dict[str, Any]) -> str:
+    """What the elements observation named (zero_shot's evaluation steps): offered elements per step, of them
+    without a name, and the steps where none had one."""
+    names = evidence.get("observation_names") or {}
+    if not names:
+        return ""
+    lines = ["**What the observation named** (zero_shot's evaluation steps; an element without an accessible name is "
+             "an `image ''` line, told from the others by position only)", "",
+             "| split | task | steps | elements offered per step | of them without a name | steps where none had one |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for split, per_task in sorted(names.items()):
+        for task, v in sorted(per_task.items()):
+            n = max(v["steps"], 1)
+            lines.append(f"| {split} | {_short(task)} | {v['steps']} | {v['elements'] / n:.1f} | {v['unnamed'] / n:.1f} | "
+                         f"{v['steps_with_no_name']}/{v['steps']} |")
+    return "\n".join(lines)
+
+
 def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]:
     """The lake's evidence of why, after the targets: per-task success at the primary temperature, then what the
     trained arms learnt from and did."""
@@ -271,7 +289,8 @@ def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]
     evidence_file, timing_file = results / "evidence.json", results / "timing.json"
     evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else {}
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
-    parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence)]
+    parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence),
+              names_table(evidence)]
     return [part for part in parts if part]
 
 
