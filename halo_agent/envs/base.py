@@ -241,7 +241,7 @@ def markup_names(dom_snapshot: dict[str, Any]) -> dict[str, str]:
             bid, best = None, None
             for i in range(0, len(attributes) - 1, 2):
                 key, value = attributes[i], attributes[i + 1]
-                if key == bid_id:
+                if key == bid_id and value >= 0:
                     bid = strings[value]
                 elif key in rank and value >= 0 and strings[value].strip() and (best is None or rank[key] < best[0]):
                     best = (rank[key], strings[value])
