@@ -110,8 +110,11 @@ def test_the_observation_line_and_a_labelled_choice_carry_the_description():
 @pytest.mark.browser
 def test_on_a_real_inbox_the_description_alone_finds_the_named_senders_trash_icon():
     """email-inbox-delete's icons are spans drawn by CSS: without descriptions its elements observation is seven
-    ``image ''`` lines. With them, the trash icon whose row names the goal's sender solves the task in one click."""
+    ``image ''`` lines. With them, the trash icon whose row names the goal's sender solves the task in one click,
+    and the goal-match rule finds it."""
     from halo_agent.envs.miniwob import MiniWoBEnv
+    from halo_agent.policies.goal_match_policy import choose
+    from halo_agent.rollout.episode import build_observation
     from halo_data import prompts
 
     env = MiniWoBEnv(headless=True, screenshots=False)
@@ -126,6 +129,10 @@ def test_on_a_real_inbox_the_description_alone_finds_the_named_senders_trash_ico
             bid = re.match(r"\[(\w+)\]", lines[0]).group(1)
             outcome = env.step(f"click('{bid}')")
             assert outcome.terminated and outcome.reward == 1.0  # MiniWoB's own reward
+            # The goal-match rule reads the same descriptions and picks that icon.
+            observation = build_observation(env.reset(spec, seed), spec.task_id, [], 0, False, None,
+                                            observation_format="elements")
+            assert choose(observation.goal, observation.elements, []) == f"click('{bid}')"
     finally:
         env.close()
 
@@ -149,3 +156,6 @@ def test_the_elements_v2_observation_renders_learning_v2s_prompts_without_descri
     assert old == user_text("elements").replace(" (trash; in 'Hazel Nibh nisl.')", "").replace(
         " (star; in 'Hazel Nibh nisl.')", "").replace(" (options)", "").replace(" ('Cheree')", "")
     assert prompts.PROMPT_VERSIONS["elements-v2"] == "halo-prompt-v2-elements"
+    # Nor do its elements: a rule or a labelled choice knows no more than the page text says.
+    obs = build_observation(page, "miniwob.email-inbox-delete", [], 0, False, None, observation_format="elements-v2")
+    assert not any(e.description for e in obs.elements)

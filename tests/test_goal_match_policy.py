@@ -59,3 +59,28 @@ def test_the_random_policy_constrained_draws_only_the_offered_choices():
     drawn = {policy.act(_obs("goal", elements)).action for _ in range(60)}
     assert drawn == offered  # every choice drawn, never a fill
     assert RandomPolicy(temperature=0, constrain_actions=True).act(_obs("goal", elements)).action == page_actions(elements)[0]
+
+
+def test_unnamed_elements_are_matched_by_the_text_they_hold_or_their_descriptions_words():
+    from halo_agent.policies.goal_match_policy import label
+
+    inbox = [Element("17", "image", "", "click", description="open-search; in 'Primary'"),
+             Element("26", "image", "", "click", description="trash; in 'Hazel Nibh nisl.'"),
+             Element("27", "image", "", "click", description="star; in 'Hazel Nibh nisl.'"),
+             Element("36", "image", "", "click", description="trash; in 'Roslyn Morbi porta.'"),
+             Element("37", "image", "", "click", description="star; in 'Roslyn Morbi porta.'")]
+    assert label(inbox[1]) == ("", ("trash", "Hazel", "Nibh", "nisl"))
+    assert choose("Find the email by Hazel and click the trash icon to delete it.", inbox, []) == "click('26')"
+    assert choose("Find the email by Roslyn and click the star icon to mark it as important.", inbox, []) == "click('37')"
+    # the text an element holds is its label, matched whole (a quoted match first)
+    tree = [Element("17", "listitem", "", "click", description="expandable; 'Renda'"),
+            Element("33", "listitem", "", "click", description="'Lyda'")]
+    assert label(tree[1]) == ("Lyda", ())
+    assert choose('Find and click on the folder or file named "Lyda".', tree, []) == "click('33')"
+    # without descriptions (--observation elements-v2) the rule knows no more than the page text: goal-match-v1's
+    bare = [Element(e.bid, e.role, e.name, e.kind) for e in inbox]
+    assert choose("Find the email by Hazel and click the trash icon to delete it.", bare, []) == "click('17')"
+    # a named element the goal mentions still wins over a description matched by one word
+    mixed = [Element("5", "image", "", "click", description="star; in 'Hazel'"), Element("6", "button", "Star", "click")]
+    assert choose("Click the star.", mixed, []) == "click('6')"
+    assert make_policy("goal_match").policy_version == "goal-match-v2"

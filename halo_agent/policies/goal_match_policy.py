@@ -5,15 +5,20 @@ among the same closed list of actions a constrained model answers from (``halo_a
 a click per element, a ``select_option`` per option), so it is compared with a model on one action
 interface. At each step, of the actions not yet taken in the episode:
 
-1. an element (or a select's option) whose accessible name the goal mentions, quoted or as whole words
-   (a quoted match first, then the longest name, then page order), unless its name is a generic
-   confirmation word (``Submit``, ``OK``, ...);
+1. an element (or a select's option) whose label the goal mentions, quoted or as whole words (a quoted
+   match first, then the most words matched, then the longest label, then page order), unless its label
+   is a generic confirmation word (``Submit``, ``OK``, ...). The label is the accessible name; for an
+   element without one, the text its description says it holds (``'Lyda'``), else the words of its
+   description (``trash; in 'Hazel Nibh nisl.'``: the goal "Find the email by Hazel and click the trash
+   icon" mentions two of them, ``trash`` and ``Hazel``);
 2. else a generic confirmation element (one the goal names first);
 3. else the first element in page order; ``noop()`` when every action was taken.
 
 This solves the tasks where the goal names what to click (click-button, click-link, click-option,
-click-checkboxes, choose-list, click-button-sequence, ...) and has nothing to say where it does not
-(use-spinner, navigate-tree's hidden files): the experiment's protocol names those tasks.
+click-checkboxes, choose-list, click-button-sequence, ...) and, where the observation describes unnamed
+elements (``--observation elements``), an inbox's icons and a tree's visible files; it has nothing to say
+where the goal names nothing on the page (use-spinner, navigate-tree's hidden files). Under
+``--observation elements-v2`` the elements carry no descriptions, and the rule is goal-match-v1's.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from halo_agent.types import Element, Observation, PolicyOutput
 
 GENERIC_NAMES = frozenset({"submit", "ok", "okay", "next", "done", "search", "go", "confirm", "yes", "close", "cancel"})
 _QUOTED = re.compile(r"\"([^\"]+)\"|“([^”]+)”|'([^']+)'")
+# A description: what the markup calls the element, then the text it holds ('...') or sits in (in '...').
+_DESCRIPTION = re.compile(r"^(?:(?P<markup>[^;']*?)(?:; |$))?(?:(?P<around>in )?'(?P<text>.*)')?$")
+_WORD = re.compile(r"[^\W_]{3,}")  # description words the goal may name: three letters or more, not these
+_COMMON_WORDS = frozenset({"the", "and", "for", "with", "you", "your", "this", "that", "from", "are", "was", "not"})
 
 
 def _normal(text: str) -> str:
@@ -42,6 +51,29 @@ def mentions(goal: str, name: str) -> int:
     if name in {_normal(next(g for g in m.groups() if g is not None)) for m in _QUOTED.finditer(goal or "")}:
         return 2
     return 1 if re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", normal_goal) else 0
+
+
+def label(element: Element) -> tuple[str, tuple[str, ...]]:
+    """What the rule matches the goal against: (a label, matched whole; description words, each matched alone).
+    The accessible name, else the text the element holds; else no label and its description's words."""
+    if element.name or not element.description:
+        return element.name, ()
+    m = _DESCRIPTION.match(element.description)
+    if m is None:
+        return "", tuple(_WORD.findall(element.description))
+    if m.group("text") is not None and not m.group("around"):
+        return m.group("text"), ()
+    return "", tuple(_WORD.findall(f"{m.group('markup') or ''} {m.group('text') or ''}"))
+
+
+def _rank(goal: str, element_label: tuple[str, tuple[str, ...]]) -> tuple[int, int, int]:
+    """(how the goal names the label: 2 quoted, 1 in words, 0 not; description words it names; label length)."""
+    name, words = element_label
+    if name:
+        level = mentions(goal, name)
+        return level, int(level > 0), len(_normal(name))
+    named = {w.lower() for w in words if w.lower() not in _COMMON_WORDS and mentions(goal, w)}
+    return int(bool(named)), len(named), 0
 
 
 def _taken(history: Sequence[str]) -> set[tuple[str, ...]]:
@@ -60,20 +92,20 @@ def _taken(history: Sequence[str]) -> set[tuple[str, ...]]:
 def choose(goal: str, elements: Sequence[Element], history: Sequence[str]) -> str:
     """The rule's action on a page (see the module docstring)."""
     taken = _taken(history)
-    offered: list[tuple[tuple[str, ...], str, str]] = []  # (key, name, action) in page order
+    offered: list[tuple[tuple[str, ...], tuple[str, tuple[str, ...]], str]] = []  # (key, label, action) in page order
     for element in compact_elements(elements):
         if element.kind == "select" and element.options:
-            offered += [((element.bid, o), o, format_action("select_option", [element.bid, o])) for o in element.options]
+            offered += [((element.bid, o), (o, ()), format_action("select_option", [element.bid, o])) for o in element.options]
         else:
-            offered.append(((element.bid,), element.name, format_action("click", [element.bid])))
-    open_actions = [(i, name, action) for i, (key, name, action) in enumerate(offered) if key not in taken]
+            offered.append(((element.bid,), label(element), format_action("click", [element.bid])))
+    open_actions = [(i, lab, action) for i, (key, lab, action) in enumerate(offered) if key not in taken]
     if not open_actions:
         return "noop()"
-    named = [(mentions(goal, name), len(_normal(name)), -i, action) for i, name, action in open_actions
-             if _normal(name) not in GENERIC_NAMES and mentions(goal, name)]
+    named = [(_rank(goal, lab), -i, action) for i, lab, action in open_actions
+             if _normal(lab[0]) not in GENERIC_NAMES and _rank(goal, lab)[0]]
     if named:
-        return max(named)[3]
-    generic = [(mentions(goal, name), -i, action) for i, name, action in open_actions if _normal(name) in GENERIC_NAMES]
+        return max(named)[2]
+    generic = [(mentions(goal, lab[0]), -i, action) for i, lab, action in open_actions if _normal(lab[0]) in GENERIC_NAMES]
     if generic:
         return max(generic)[2]
     return open_actions[0][2]
@@ -88,7 +120,7 @@ class GoalMatchPolicy:
     uses_screenshot = False
 
     def __init__(self, policy_version: str | None = None, n: int = 1, **_: object):
-        self.policy_version = policy_version or "goal-match-v1"
+        self.policy_version = policy_version or "goal-match-v2"
         self.n = max(1, int(n))
         self.last_samples: list[PolicyOutput] = []
 

@@ -54,13 +54,16 @@ class ResetFailedError(RuntimeError):
 
 def build_observation(page: PageState, task_id: str, history: Sequence[str], step_idx: int, use_screenshot: bool,
                       screenshot_hash: str | None, site: str | None = None, observation_format: str = "axtree") -> Observation:
-    """What the policy sees at a step; ``observation_format`` (``prompts.OBSERVATION_FORMATS``) picks the page text."""
+    """What the policy sees at a step; ``observation_format`` (``prompts.OBSERVATION_FORMATS``) picks the page text.
+    Under ``elements-v2`` the elements carry no descriptions either, so a rule or a labelled choice knows no more
+    than the page text says."""
+    elements = page.elements
+    if observation_format == "elements-v2":
+        elements = [dataclasses.replace(e, description="") if e.description else e for e in elements]
     if observation_format == "axtree":
         text = page.axtree
-    else:  # elements-v2: without the descriptions of unnamed elements
-        described = observation_format == "elements"
-        text = prompts.elements_text((e.bid, e.role, e.name, e.description if described else "")
-                                     for e in compact_elements(page.elements))
+    else:
+        text = prompts.elements_text((e.bid, e.role, e.name, e.description) for e in compact_elements(elements))
     # An environment that keeps its own chat history (os) hands the prompt over whole.
     messages = page.extra.get("messages") or prompts.render_messages(
         goal=page.goal,
@@ -75,7 +78,7 @@ def build_observation(page: PageState, task_id: str, history: Sequence[str], ste
         goal=page.goal,
         url=page.url,
         axtree=page.axtree,
-        elements=page.elements,
+        elements=elements,
         screenshot=page.screenshot,
         screenshot_hash=screenshot_hash,
         messages=messages,
