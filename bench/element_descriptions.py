@@ -9,7 +9,8 @@ line in ``elements-v2``; ``elements`` describes it by what its markup calls it a
 (docs/agent.md). The model (HALO's chat server, decoding constrained to the page's actions, at most ``--steps``
 actions) plays each task seed once under each observation, the arms alternating task by task, with one sampling
 seed for both: where a task's prompts are the same under both (click-checkboxes names all its elements), the arms
-draw the same episodes. Random plays the same seeds (it reads no text). Per task and arm: successes, and the prompt
+draw the same episodes. The goal-match rule plays the same seeds under both observations (what the page lets a
+rule that reads it do), and random too (it reads no text). Per task and arm: successes, and the model's prompt
 tokens per step (what the descriptions cost). The lake and the engine's log stay in ``--workdir``; a re-run resumes
 the runs there. Results go to ``bench/results/element-descriptions/<time>.json``; ``python -m bench report
 element-descriptions`` makes the table.
@@ -26,7 +27,10 @@ from pathlib import Path
 # learning-v2's tasks whose pages have unnamed elements, social-media, and a control whose elements all have names.
 TASKS = ("email-inbox-delete", "email-inbox-important", "navigate-tree", "click-widget", "social-media",
          "click-checkboxes")
-ARMS = ("elements-v2", "elements")
+ARMS = ("elements-v2", "elements")  # the model's arms, by their observation
+# every arm: (policy, observation)
+POLICIES = {"random": ("random", "elements"), "heuristic elements-v2": ("goal_match", "elements-v2"),
+            "heuristic elements": ("goal_match", "elements"), **{arm: ("openai", arm) for arm in ARMS}}
 FIRST_SEED = 400_000  # past every split of learning-v1 and learning-v2 (their test seeds start at 200000 and 250000)
 
 
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     lake = str(work / "lake")
     Lake.init(lake)
     commit, load_before, t0 = head_commit(), os.getloadavg(), time.perf_counter()
-    runs = {task: {arm: f"{task}-{arm}-t{a.temperature:g}-s{a.seed}" for arm in ("random", *ARMS)} for task in tasks}
+    runs = {task: {arm: f"{task}-{arm.replace(' ', '-')}-t{a.temperature:g}-s{a.seed}" for arm in POLICIES} for task in tasks}
     with _chat_server(folder, work / "engine.log") as url:
         engine = EngineClient(url)
         engine.wait_ready(timeout=600)
@@ -97,12 +101,14 @@ def main(argv: list[str] | None = None) -> None:
             order = ARMS if i % 2 == 0 else ARMS[::-1]  # alternating, so neither observation always runs first
             for arm in order:
                 rollout(lake, runs[task][arm], task, "openai", url, model, arm, a)
-            rollout(lake, runs[task]["random"], task, "random", None, None, "elements", a)
+            for arm, (policy, observation) in POLICIES.items():
+                if policy != "openai":
+                    rollout(lake, runs[task][arm], task, policy, None, None, observation, a)
             cells = {arm: tally(lake, run) for arm, run in runs[task].items()}
             print(f"{task:24s} " + ", ".join(f"{arm} {c['successes']}/{c['episodes']}" for arm, c in cells.items()), flush=True)
     results = {task: {arm: tally(lake, run) for arm, run in by_arm.items()} for task, by_arm in runs.items()}
     totals = {arm: {k: sum(results[t][arm][k] for t in tasks) for k in ("successes", "episodes", "steps")}
-              for arm in ("random", *ARMS)}
+              for arm in POLICIES}
     for arm in ARMS:  # over every step of the arm, whichever task it came from
         ids = ", ".join(f"'{runs[t][arm]}'" for t in tasks)
         mean = Lake.open(lake).query_arrow(f"select avg(prompt_tokens) t from steps where run_id in ({ids})").column("t")[0].as_py()
