@@ -175,8 +175,8 @@ def evidence(runner) -> dict[str, Any]:
 def observation_names(runner) -> dict[str, dict[str, dict[str, int]]]:
     """What the elements observation named, per split and task, over zero_shot's evaluation steps (the first page
     does not depend on the policy; later ones little): the elements offered, those without an accessible name, and
-    the steps where no offered element had one (a page of ``image ''`` lines, where only position tells the
-    elements apart). Empty for the axtree observation."""
+    the steps where no offered element had one (under ``halo-prompt-v2-elements`` a page of ``image ''`` lines,
+    where only position tells the elements apart; later versions describe them). Empty for the axtree observation."""
     from halo_agent.actions import element_lines
     from halo_data import prompts
 

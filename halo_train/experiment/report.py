@@ -269,8 +269,8 @@ def names_table(evidence: dict[str, Any]) -> str:
     names = evidence.get("observation_names") or {}
     if not names:
         return ""
-    lines = ["**What the observation named** (zero_shot's evaluation steps; an element without an accessible name is "
-             "an `image ''` line, told from the others by position only)", "",
+    lines = ["**What the observation named** (zero_shot's evaluation steps; under `halo-prompt-v2-elements` an element "
+             "without an accessible name is a bare `image ''` line, told from the others by position only)", "",
              "| split | task | steps | elements offered per step | of them without a name | steps where none had one |",
              "| --- | --- | --- | --- | --- | --- |"]
     for split, per_task in sorted(names.items()):
