@@ -159,3 +159,13 @@ def test_the_elements_v2_observation_renders_learning_v2s_prompts_without_descri
     # Nor do its elements: a rule or a labelled choice knows no more than the page text says.
     obs = build_observation(page, "miniwob.email-inbox-delete", [], 0, False, None, observation_format="elements-v2")
     assert not any(e.description for e in obs.elements)
+
+
+def test_a_malformed_tree_whose_children_cycle_is_described_without_hanging():
+    from halo_agent.envs.base import elements_from_axtree
+
+    nodes = [node("1", "generic", "", ["2"]), node("2", "generic", "", ["3", "1"]),  # 2 lists its own parent
+             node("3", "StaticText", "Hazel"), node("4", "image", "", bid="26")]
+    nodes[1]["childIds"].append("4")
+    (element,) = elements_from_axtree({"nodes": nodes}, CLICKABLE, {"26": "trash"})
+    assert element.description.startswith("trash; in 'Hazel")

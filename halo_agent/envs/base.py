@@ -281,7 +281,7 @@ def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id
     def text(node_id: Any) -> str:
         """The rendered text under a node, in page order, cut at DESCRIPTION_TEXT_CHARS: none of it from inside
         another listed element (a Submit button beside a select is not the select's text). Each node's once."""
-        stack = [(node_id, False)]
+        stack, open_nodes = [(node_id, False)], set()
         while stack:  # post-order without recursion: a deep page cannot exhaust Python's stack
             current, expanded = stack.pop()
             if current in texts:
@@ -292,8 +292,10 @@ def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id
                 shown = role == "StaticText" and not node.get("ignored")
                 texts[current] = " ".join(str(_node_value(node, "name") or "").split()) if shown else ""
             elif not expanded:
+                open_nodes.add(current)  # a malformed tree's cycle back to it is cut, not walked forever
                 stack.append((current, True))
-                stack.extend((c, False) for c in reversed(node.get("childIds", [])) if c not in texts and c not in listed)
+                stack.extend((c, False) for c in reversed(node.get("childIds", []))
+                             if c not in texts and c not in listed and c not in open_nodes)
             else:
                 joined = ""
                 for child in node.get("childIds", []):
