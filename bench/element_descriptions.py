@@ -35,16 +35,18 @@ FIRST_SEED = 400_000  # past every split of learning-v1 and learning-v2 (their t
 
 
 def rollout(lake: str, run_id: str, task: str, policy: str, url: str | None, model: str | None, observation: str,
-            a: argparse.Namespace) -> None:
+            a: argparse.Namespace, first_seed: int = FIRST_SEED, adapter: str | None = None) -> None:
+    """``a.seeds`` episodes of ``task``, one per task seed from ``first_seed``, into run ``run_id`` (resumed)."""
     from halo_agent.rollout import RolloutConfig, run_rollouts
     from halo_data.lake import Lake
     from halo_data.runs import existing_run
 
-    through_engine = (dict(model=model, policy_options={"base_url": url, "constrain_actions": True, "timeout_s": 900.0})
+    through_engine = (dict(model=model, adapter=adapter,
+                           policy_options={"base_url": url, "constrain_actions": True, "timeout_s": 900.0})
                       if policy == "openai" else {})
     run_rollouts(RolloutConfig(
         env="miniwob", tasks=[task], rollouts_per_task=1, policy=policy, **through_engine, temperature=a.temperature,
-        seed=a.seed, task_seed=FIRST_SEED, task_seeds=a.seeds, observation=observation, max_steps=a.steps,
+        seed=a.seed, task_seed=first_seed, task_seeds=a.seeds, observation=observation, max_steps=a.steps,
         workers=a.workers, lake=lake, run_id=run_id, resume=existing_run(Lake.open(lake), run_id) is not None,
         kind="eval", progress=False, command="python -m bench element-descriptions",
     )).stop_if_interrupted()

@@ -1,0 +1,117 @@
+"""Whether a learner uses the descriptions of unnamed elements: BC on the same successful episodes, their prompts
+rendered as learning-v2 saw them (``--observation elements-v2``) and with descriptions (``elements``).
+
+    .venv/bin/python -m bench element-descriptions-bc                 # 3 tasks, random on 32 train seeds, BC, 20 test seeds
+    .venv/bin/python -m bench element-descriptions-bc --train-seeds 16 --train-steps 16
+
+The random policy reads no text, so on train task seeds 0 ... N-1 it plays the same episodes under both
+observations; only their prompts differ. BC trains one LoRA adapter per observation on its run's successful
+episodes (the same steps, the same actions, the same seed), and the model plays the test task seeds of
+``python -m bench element-descriptions`` (400000 on) with each adapter under its own observation. Where the
+descriptions carry what the goal refers to (whose trash icon, which folder), an adapter can learn to read them; without them
+it can learn only positions. Per task and arm: successes on the test seeds, and the rows BC trained on. The lake,
+the adapters and the engine's log stay in ``--workdir``; a re-run resumes. Results go to
+``bench/results/element-descriptions-bc/<time>.json``; ``python -m bench report element-descriptions-bc`` makes
+the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench.element_descriptions import ARMS, FIRST_SEED, rollout, tally
+
+TASKS = ("email-inbox-delete", "email-inbox-important", "navigate-tree")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench element-descriptions-bc", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB task names")
+    ap.add_argument("--train-seeds", type=int, default=32, help="train task seeds per task (0, 1, ...), one random episode each")
+    ap.add_argument("--seeds", type=int, default=20, help=f"test task seeds per task, from {FIRST_SEED} on")
+    ap.add_argument("--steps", type=int, default=6, help="actions per episode at most")
+    ap.add_argument("--train-steps", type=int, default=32, help="BC optimizer steps (batch 8)")
+    ap.add_argument("--lr", type=float, default=2e-4, help="BC learning rate")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the test episodes")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of sampling and training, the same for both observations")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a known model name (halo-train models) or a folder")
+    ap.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    ap.add_argument("--workdir", default="runs/element-descriptions-bc", help="the lake, adapters and engine log; a re-run resumes")
+    a = ap.parse_args(argv)
+    if min(a.train_seeds, a.seeds, a.steps, a.train_steps, a.workers) < 1 or a.temperature < 0 or a.lr <= 0:
+        raise SystemExit("Error: the seeds, --steps, --train-steps and --workers must be at least 1, --lr above 0 "
+                         "and --temperature not negative")
+    from bench.reports import head_commit, save
+    from halo_agent.envs.base import UnknownTaskError
+    from halo_agent.envs.miniwob import subdomain_of
+    from halo_agent.serving import EngineClient
+    from halo_data.lake import Lake
+    from halo_train import train_bc
+    from halo_train.config import BCConfig, TrainConfigError, resolve_base_model
+    from halo_train.served import _chat_server
+
+    try:
+        tasks = [subdomain_of(t.strip()) for t in a.tasks.split(",") if t.strip()]
+        folder = resolve_base_model(a.model, TrainConfigError)
+    except (UnknownTaskError, TrainConfigError) as e:
+        raise SystemExit(f"Error: {e}") from None
+    work = Path(a.workdir)
+    lake = str(work / "lake")
+    Lake.init(lake)
+    commit, load_before, t0 = head_commit(), os.getloadavg(), time.perf_counter()
+    sample = {arm: f"random-{arm}-train" for arm in ARMS}
+    tests = {task: {arm: f"{task}-bc-{arm}-t{a.temperature:g}-s{a.seed}" for arm in ARMS} for task in tasks}
+    # 1. The same random episodes under both observations (their prompts differ, nothing else).
+    sampling = argparse.Namespace(**{**vars(a), "seeds": a.train_seeds})
+    for arm in ARMS:
+        for task in tasks:
+            rollout(lake, f"{sample[arm]}-{task}", task, "random", None, None, arm, sampling, first_seed=0)
+    samples = {arm: {task: tally(lake, f"{sample[arm]}-{task}") for task in tasks} for arm in ARMS}
+    # 2. BC on each observation's successes, one adapter each.
+    bc: dict[str, dict] = {}
+    for arm in ARMS:
+        out = work / f"bc-{arm}"
+        runs = ", ".join(f"'{sample[arm]}-{task}'" for task in tasks)
+        if not (out / "final" / "adapter_config.json").exists():
+            trained = train_bc(BCConfig(
+                lake=lake, base_model=folder, output_dir=str(out), where=f"run_id IN ({runs}) AND success",
+                top_percent=100, max_steps=a.train_steps, batch_size=8, lr=a.lr, lora_r=16, lora_alpha=32,
+                lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], seed=a.seed,
+                adapter_name=f"bc-{arm}"))
+            bc[arm] = {"rows": trained.rows, "steps": trained.global_step}
+        else:
+            bc[arm] = {"rows": None, "steps": a.train_steps}  # trained by an earlier run of this command
+        print(f"BC {arm}: {bc[arm]['steps']} steps on {bc[arm]['rows']} rows -> {out / 'final'}", flush=True)
+    # 3. Each adapter on the test seeds, under its own observation.
+    with _chat_server(folder, work / "engine.log") as url:
+        engine = EngineClient(url)
+        engine.wait_ready(timeout=600)
+        model = next(name for name, card in engine.models().items() if not card.get("parent"))
+        for arm in ARMS:
+            swap = engine.swap_adapter(f"bc-{arm}", str((work / f"bc-{arm}" / "final").resolve()))
+            if not swap.serving:
+                raise SystemExit(f"Error: {swap.message}")
+        for i, task in enumerate(tasks):
+            for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
+                rollout(lake, tests[task][arm], task, "openai", url, model, arm, a, adapter=f"bc-{arm}")
+            print(f"{task:24s} " + ", ".join(f"{arm} {(c := tally(lake, tests[task][arm]))['successes']}/{c['episodes']}"
+                                             for arm in ARMS), flush=True)
+    results = {task: {arm: tally(lake, tests[task][arm]) for arm in ARMS} for task in tasks}
+    totals = {arm: {k: sum(results[t][arm][k] for t in tasks) for k in ("successes", "episodes", "steps")} for arm in ARMS}
+    for arm in ARMS:
+        print(f"BC, {arm:12s} {totals[arm]['successes']}/{totals[arm]['episodes']} test episodes succeeded")
+    out = save("element-descriptions-bc", {
+        "commit": commit, "model": a.model, "tasks": tasks, "train_seeds": a.train_seeds, "seeds": a.seeds,
+        "first_seed": FIRST_SEED, "steps": a.steps, "train_steps": a.train_steps, "lr": a.lr,
+        "temperature": a.temperature, "seed": a.seed, "samples": samples, "bc": bc, "results": results,
+        "totals": totals, "seconds": round(time.perf_counter() - t0, 1), "load_before": load_before,
+        "load_after": os.getloadavg()}, argv if argv is not None else sys.argv[2:])
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
