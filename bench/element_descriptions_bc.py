@@ -18,6 +18,7 @@ the table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -77,14 +78,13 @@ def main(argv: list[str] | None = None) -> None:
         out = work / f"bc-{arm}"
         runs = ", ".join(f"'{sample[arm]}-{task}'" for task in tasks)
         if not (out / "final" / "adapter_config.json").exists():
-            trained = train_bc(BCConfig(
+            train_bc(BCConfig(
                 lake=lake, base_model=folder, output_dir=str(out), where=f"run_id IN ({runs}) AND success",
                 top_percent=100, max_steps=a.train_steps, batch_size=8, lr=a.lr, lora_r=16, lora_alpha=32,
                 lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], seed=a.seed,
                 adapter_name=f"bc-{arm}"))
-            bc[arm] = {"rows": trained.rows, "steps": trained.global_step}
-        else:
-            bc[arm] = {"rows": None, "steps": a.train_steps}  # trained by an earlier run of this command
+        stats = json.loads((out / "final" / "training_stats.json").read_text())  # this run's job or an earlier one's
+        bc[arm] = {"rows": stats["rows"], "steps": stats["global_step"], "loss": stats["metrics"].get("train_loss")}
         print(f"BC {arm}: {bc[arm]['steps']} steps on {bc[arm]['rows']} rows -> {out / 'final'}", flush=True)
     # 3. Each adapter on the test seeds, under its own observation.
     with _chat_server(folder, work / "engine.log") as url:
