@@ -19,10 +19,12 @@ element-descriptions`` makes the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 # learning-v2's tasks whose pages have unnamed elements, social-media, and a control whose elements all have names.
 TASKS = ("email-inbox-delete", "email-inbox-important", "navigate-tree", "click-widget", "social-media",
@@ -52,6 +54,37 @@ def rollout(lake: str, run_id: str, task: str, policy: str, url: str | None, mod
     )).stop_if_interrupted()
 
 
+def prepare(a: argparse.Namespace) -> tuple[list[str], str, Path, str]:
+    """``a.tasks`` as MiniWoB names and ``a.model``'s folder, checked (one error line for either), and the lake in
+    ``a.workdir``, created: (tasks, model folder, workdir, lake)."""
+    from halo_agent.envs.base import UnknownTaskError
+    from halo_agent.envs.miniwob import subdomain_of
+    from halo_data.lake import Lake
+    from halo_train.config import TrainConfigError, resolve_base_model
+
+    try:
+        tasks = [subdomain_of(t.strip()) for t in a.tasks.split(",") if t.strip()]
+        folder = resolve_base_model(a.model, TrainConfigError)
+    except (UnknownTaskError, TrainConfigError) as e:
+        raise SystemExit(f"Error: {e}") from None
+    work = Path(a.workdir)
+    lake = str(work / "lake")
+    Lake.init(lake)
+    return tasks, folder, work, lake
+
+
+@contextlib.contextmanager
+def served(folder: str, work: Path) -> Iterator[tuple[str, str, Any]]:
+    """HALO's chat server with the base model, for a block: its URL, the base model's served name and a client."""
+    from halo_agent.serving import EngineClient
+    from halo_train.served import _chat_server
+
+    with _chat_server(folder, work / "engine.log") as url:
+        engine = EngineClient(url)
+        engine.wait_ready(timeout=600)
+        yield url, next(name for name, card in engine.models().items() if not card.get("parent")), engine
+
+
 def tally(lake: str, run_id: str) -> dict:
     """A run's successes, episodes, steps and prompt tokens per model step, and its per-seed outcomes."""
     from halo_data.lake import Lake
@@ -78,27 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.seeds < 1 or a.steps < 1 or a.workers < 1 or a.temperature < 0:
         raise SystemExit("Error: --seeds, --steps and --workers must be at least 1 and --temperature not negative")
     from bench.reports import head_commit, save
-    from halo_agent.envs.base import UnknownTaskError
-    from halo_agent.envs.miniwob import subdomain_of
-    from halo_agent.serving import EngineClient
     from halo_data.lake import Lake
-    from halo_train.config import TrainConfigError, resolve_base_model
-    from halo_train.served import _chat_server
 
-    try:
-        tasks = [subdomain_of(t.strip()) for t in a.tasks.split(",") if t.strip()]
-        folder = resolve_base_model(a.model, TrainConfigError)
-    except (UnknownTaskError, TrainConfigError) as e:
-        raise SystemExit(f"Error: {e}") from None
-    work = Path(a.workdir)
-    lake = str(work / "lake")
-    Lake.init(lake)
+    tasks, folder, work, lake = prepare(a)
     commit, load_before, t0 = head_commit(), os.getloadavg(), time.perf_counter()
     runs = {task: {arm: f"{task}-{arm.replace(' ', '-')}-t{a.temperature:g}-s{a.seed}" for arm in POLICIES} for task in tasks}
-    with _chat_server(folder, work / "engine.log") as url:
-        engine = EngineClient(url)
-        engine.wait_ready(timeout=600)
-        model = next(name for name, card in engine.models().items() if not card.get("parent"))
+    with served(folder, work) as (url, model, _):
         for i, task in enumerate(tasks):
             order = ARMS if i % 2 == 0 else ARMS[::-1]  # alternating, so neither observation always runs first
             for arm in order:

@@ -22,9 +22,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-from bench.element_descriptions import ARMS, FIRST_SEED, rollout, tally
+from bench.element_descriptions import ARMS, FIRST_SEED, prepare, rollout, served, tally
 
 TASKS = ("email-inbox-delete", "email-inbox-important", "navigate-tree")
 
@@ -47,22 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("Error: the seeds, --steps, --train-steps and --workers must be at least 1, --lr above 0 "
                          "and --temperature not negative")
     from bench.reports import head_commit, save
-    from halo_agent.envs.base import UnknownTaskError
-    from halo_agent.envs.miniwob import subdomain_of
-    from halo_agent.serving import EngineClient
-    from halo_data.lake import Lake
     from halo_train import train_bc
-    from halo_train.config import BCConfig, TrainConfigError, resolve_base_model
-    from halo_train.served import _chat_server
+    from halo_train.config import BCConfig
 
-    try:
-        tasks = [subdomain_of(t.strip()) for t in a.tasks.split(",") if t.strip()]
-        folder = resolve_base_model(a.model, TrainConfigError)
-    except (UnknownTaskError, TrainConfigError) as e:
-        raise SystemExit(f"Error: {e}") from None
-    work = Path(a.workdir)
-    lake = str(work / "lake")
-    Lake.init(lake)
+    tasks, folder, work, lake = prepare(a)
     commit, load_before, t0 = head_commit(), os.getloadavg(), time.perf_counter()
     sample = {arm: f"random-{arm}-train" for arm in ARMS}
     tests = {task: {arm: f"{task}-bc-{arm}-t{a.temperature:g}-s{a.seed}" for arm in ARMS} for task in tasks}
@@ -87,10 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         bc[arm] = {"rows": stats["rows"], "steps": stats["global_step"], "loss": stats["metrics"].get("train_loss")}
         print(f"BC {arm}: {bc[arm]['steps']} steps on {bc[arm]['rows']} rows -> {out / 'final'}", flush=True)
     # 3. Each adapter on the test seeds, under its own observation.
-    with _chat_server(folder, work / "engine.log") as url:
-        engine = EngineClient(url)
-        engine.wait_ready(timeout=600)
-        model = next(name for name, card in engine.models().items() if not card.get("parent"))
+    with served(folder, work) as (url, model, engine):
         for arm in ARMS:
             swap = engine.swap_adapter(f"bc-{arm}", str((work / f"bc-{arm}" / "final").resolve()))
             if not swap.serving:
