@@ -211,7 +211,8 @@ def elements_from_axtree(axtree: dict[str, Any], extra_properties: dict[str, Any
         else:
             continue
         seen.add(bid)
-    return describe_unnamed(_mark_wrappers(out, nodes, by_id), nodes, by_id, markup or {})
+    parent = {child: n.get("nodeId") for n in nodes for child in n.get("childIds", [])}
+    return describe_unnamed(_mark_wrappers(out, nodes, by_id, parent), nodes, by_id, parent, markup or {})
 
 
 # An element without an accessible name is described by at most this many characters of what its markup calls it,
@@ -258,7 +259,7 @@ def markup_names(dom_snapshot: dict[str, Any]) -> dict[str, str]:
 
 
 def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]],
-                     markup: dict[str, str]) -> list[Element]:
+                     parent: dict[Any, Any], markup: dict[str, str]) -> list[Element]:
     """Each element without an accessible name, described (``Element.description``) by what its markup calls it
     and by its text: ``expandable; 'Kasi Leonie'`` for the text it holds, ``trash; in 'Hazel Nibh nisl.'`` for the
     text of the nearest ancestor (at most DESCRIPTION_LEVELS up) that has some. The climb stops below an ancestor
@@ -267,7 +268,6 @@ def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id
     unnamed = [e for e in elements if not e.name]
     if not unnamed:
         return elements
-    parent = {child: n.get("nodeId") for n in nodes for child in n.get("childIds", [])}
     node_of = {n.get("browsergym_id"): n.get("nodeId") for n in nodes if n.get("browsergym_id")}
     listed = {node_of[e.bid] for e in elements if e.bid in node_of}
     holds_named: set[Any] = set()  # the nodes with a named listed element under them: their text is its
@@ -324,13 +324,13 @@ def describe_unnamed(elements: list[Element], nodes: list[dict[str, Any]], by_id
     return [dataclasses.replace(e, description=described[e.bid]) if e.bid in described else e for e in elements]
 
 
-def _mark_wrappers(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]]) -> list[Element]:
+def _mark_wrappers(elements: list[Element], nodes: list[dict[str, Any]], by_id: dict[Any, dict[str, Any]],
+                   parent: dict[Any, Any]) -> list[Element]:
     """Mark each element that contains another listed element of the same non-empty name (``wraps`` = the inner bid).
 
     One walk up from each named element to its nearest same-named listed ancestor: the tree's depth per
     element, not an ancestor's whole subtree."""
     listed = {e.bid: e for e in elements}
-    parent = {child: n.get("nodeId") for n in nodes for child in n.get("childIds", [])}
     node_of = {n.get("browsergym_id"): n.get("nodeId") for n in nodes if n.get("browsergym_id") in listed}
     wraps: dict[str, str] = {}
     for element in elements:

@@ -101,8 +101,8 @@ def choose(goal: str, elements: Sequence[Element], history: Sequence[str]) -> st
     open_actions = [(i, lab, action) for i, (key, lab, action) in enumerate(offered) if key not in taken]
     if not open_actions:
         return "noop()"
-    named = [(_rank(goal, lab), -i, action) for i, lab, action in open_actions
-             if _normal(lab[0]) not in GENERIC_NAMES and _rank(goal, lab)[0]]
+    ranked = [(_rank(goal, lab), -i, action) for i, lab, action in open_actions if _normal(lab[0]) not in GENERIC_NAMES]
+    named = [r for r in ranked if r[0][0]]
     if named:
         return max(named)[2]
     generic = [(mentions(goal, lab[0]), -i, action) for i, lab, action in open_actions if _normal(lab[0]) in GENERIC_NAMES]
