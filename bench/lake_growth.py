@@ -196,27 +196,15 @@ class MotoS3:
     kept between calls."""
 
     def __init__(self, work: Path) -> None:
-        import socket
-        import urllib.request
         import uuid
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        from bench import s3_server
+
         self.recording = work / "moto-requests.jsonl"
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                                     env={**os.environ, "MOTO_RECORDER_FILEPATH": str(self.recording)},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"Error: moto_server did not start on {self.url}") from None
-                time.sleep(0.2)
+        try:
+            self.proc, self.url = s3_server.start(self.recording)
+        except RuntimeError as e:
+            raise SystemExit(f"Error: {e}") from None
         # placeholder credentials of moto's server; children (reads, queries, the dashboard) inherit them
         os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
                            "AWS_ENDPOINT_URL": self.url, "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"})

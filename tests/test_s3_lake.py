@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -22,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from bench import s3_server
 from halo_data import ids
 from halo_data.cli import main
 from halo_data.lake import Lake, LakeError
@@ -35,34 +34,15 @@ TASK = "miniwob.click-button"
 RECORDINGS: dict[str, Path] = {}  # moto endpoint -> the file its request recorder writes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory):
-    """moto's S3 server on loopback for this module; stopped (and its stdout closed) after it. Requests it
+    """moto's S3 server on loopback for this module, with S3's atomic conditional writes (``bench.s3_server``);
+    stopped after it. Requests it
     receives while recording (``/moto-api/recorder/start-recording``) are logged to ``<url>.recording``."""
-    moto = Path(sys.executable).with_name("moto_server")
-    port = _free_port()
     recording = tmp_path_factory.mktemp("moto") / "requests.jsonl"
-    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
-                            env={**os.environ, "MOTO_RECORDER_FILEPATH": str(recording)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    RECORDINGS[f"http://127.0.0.1:{port}"] = recording
-    url = f"http://127.0.0.1:{port}"
+    proc, url = s3_server.start(recording)
+    RECORDINGS[url] = recording
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {url}") from None
-                time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
