@@ -4,7 +4,8 @@ A Delta commit on S3 is a PUT of ``_delta_log/<version>.json`` with ``If-None-Ma
 of two writers racing for one version, S3 stores the first and answers the second 412, which retries at the next
 version. moto's server checks the header and then stores the object in two steps, on one thread per request, so two
 racing PUTs can both pass the check and the second silently replaces the first's commit: a lost write that S3 itself
-never makes. Here each request runs whole under one lock, which makes every check-and-write atomic as on S3.
+never makes. Here every request that writes (any method but GET and HEAD) runs whole under one lock, which makes
+each check-and-write atomic as on S3; reads run concurrently, as before.
 
 Run as ``python -m bench.s3_server -H 127.0.0.1 -p PORT``; ``start()`` does that and waits until it answers.
 """
@@ -23,13 +24,15 @@ from pathlib import Path
 
 
 def serialized_app():
-    """moto's WSGI application (every service, dispatched by host and path), one request at a time."""
+    """moto's WSGI application (every service, dispatched by host and path), one writing request at a time."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     inner = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
 
     def app(environ, start_response):
+        if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):  # a read sees an object before or after a write
+            return inner(environ, start_response)
         with lock:  # the body is built under the lock too: moto returns it whole
             return list(inner(environ, start_response))
 
