@@ -26,6 +26,7 @@ COMMANDS = {
     "omp-wait": ("bench.omp_wait", "a LoRA training step under libgomp's default spin, PASSIVE and a short spin, alone and beside a neighbour"),
     "element-descriptions": ("bench.element_descriptions", "zero-shot success with unnamed elements described (--observation elements) against not (elements-v2)"),
     "element-descriptions-bc": ("bench.element_descriptions_bc", "BC on the same random successes with and without the descriptions of unnamed elements"),
+    "element-descriptions-online": ("bench.element_descriptions_online", "online GRPO with and without the descriptions of unnamed elements, then the test seeds"),
     "miniwob-settle": ("bench.miniwob_settle", "MiniWoB++ episodes answered at once and slowly: the settle wait after each action against none"),
     "view-order": ("bench.view_order", "a training read's one row order (ORDER BY ALL) against DuckDB's own, lake-wide and run-scoped, as the lake grows"),
     "lake-growth": ("bench.lake_growth", "an online iteration's reads, query cold start and dashboard as the lake grows to 5M steps"),
