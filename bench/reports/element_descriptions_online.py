@@ -12,11 +12,12 @@ ARMS = ("elements-v2", "elements")
 
 
 def _same_seeds(folder: pathlib.Path, run: dict) -> dict | None:
-    """The newest committed run of a sibling benchmark on the same test seeds (first seed, count, steps), if any."""
+    """The newest committed run of a sibling benchmark on the same test seeds (first seed, count, steps), if any;
+    for BC, the one on random's successes."""
     if not folder.is_dir():
         return None
     same = [r for r in load_runs(folder) if (r["first_seed"], r["seeds"], r["steps"]) == (run["first_seed"], run["seeds"], run["steps"])
-            and r.get("temperature", 1.0) == 1.0]
+            and r.get("temperature", 1.0) == 1.0 and r.get("teacher", "random") == "random"]
     return same[-1] if same else None
 
 
@@ -56,8 +57,8 @@ def report(results_dir: pathlib.Path) -> str:
         head = (f"{run['model']}, {len(run['tasks'])} tasks: online GRPO ({run['iterations']} iterations, a group of "
                 f"{run['group_size']} on one train task seed of each task per iteration, lr {run['lr']:g}), then the final "
                 f"version on {run['seeds']} test seeds from {run['first_seed']} per task, one episode each, temperature 1. "
-                f"Zero-shot and BC: the newest committed `element-descriptions` and `element-descriptions-bc` runs on "
-                f"the same seeds.")
+                f"Zero-shot and BC: the newest committed `element-descriptions` and `element-descriptions-bc` (on random's "
+                f"successes) runs on the same seeds.")
         per_arm = [[arm, _halves(run["arms"][arm]["per_iteration"]["success_rate/train"], ".0%"),
                     f"{sum(v or 0 for v in run['arms'][arm]['per_iteration']['rows_trained']):.0f}",
                     ", ".join(run["arms"][arm]["versions"]) or "–",
