@@ -25,7 +25,7 @@ COMMANDS = {
     "quickstart": ("bench.quickstart", "halo-train quickstart --model as a user runs it: wall and CPU time, held-out success with intervals"),
     "omp-wait": ("bench.omp_wait", "a LoRA training step under libgomp's default spin, PASSIVE and a short spin, alone and beside a neighbour"),
     "element-descriptions": ("bench.element_descriptions", "zero-shot success with unnamed elements described (--observation elements) against not (elements-v2)"),
-    "element-descriptions-bc": ("bench.element_descriptions_bc", "BC on the same random successes with and without the descriptions of unnamed elements"),
+    "element-descriptions-bc": ("bench.element_descriptions_bc", "BC on a teacher's successes (random's: the same episodes; --teacher goal_match: the rule's) with and without the descriptions of unnamed elements"),
     "element-descriptions-online": ("bench.element_descriptions_online", "online GRPO with and without the descriptions of unnamed elements, then the test seeds"),
     "miniwob-settle": ("bench.miniwob_settle", "MiniWoB++ episodes answered at once and slowly: the settle wait after each action against none"),
     "view-order": ("bench.view_order", "a training read's one row order (ORDER BY ALL) against DuckDB's own, lake-wide and run-scoped, as the lake grows"),
