@@ -58,13 +58,10 @@ def arm_results(cfg, iterations: int) -> dict:
     """The arm's per-iteration figures (train_metrics) and its final version's test episodes per task."""
     from halo_data.lake import Lake
 
+    from bench.online_learner import per_iteration
+
     lake = Lake.open(cfg.lake)
-    rows = lake.query_arrow("select step, metric, value from train_metrics where run_id = $r order by step",
-                            {"r": cfg.run_id}).to_pylist()
-    per: dict[str, list] = {m: [None] * iterations for m in PER_ITERATION}
-    for r in rows:
-        if r["metric"] in per and r["step"] < iterations:
-            per[r["metric"]][r["step"]] = r["value"]
+    per = per_iteration(lake, cfg.run_id, PER_ITERATION, iterations)
     # the one evaluation, after the last iteration: runs <run_id>-eval-v<version>-s<seed> (an iteration without an
     # update serves the version before, so the version is read, not assumed)
     tests = lake.query_arrow(
@@ -93,19 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     import dataclasses
 
     from bench.element_descriptions import prepare
+    from bench.online_learner import run_iterations
     from bench.reports import head_commit, save
-    from halo_train.online import OnlineError, run_online
+    from halo_train.online import OnlineError
 
     tasks, _, work, lake = prepare(a)  # the tasks and the model checked; both arms' runs in one lake
     commit, load_before, t0 = head_commit(), os.getloadavg(), time.perf_counter()
     configs = {arm: arm_config(a, tasks, arm, work, lake) for arm in ARMS}
     for k in range(1, a.iterations + 1):
         for arm in (ARMS if k % 2 else ARMS[::-1]):  # alternating, so neither observation always runs first
-            cfg = configs[arm]
-            resume = (Path(cfg.output_dir) / "online_run.json").exists()
             try:
-                run_online(dataclasses.replace(cfg, iterations=k, resume=resume),
-                           echo=lambda line, arm=arm: print(f"  {arm}: {line}", flush=True))
+                run_iterations(arm, configs[arm], k)
             except OnlineError as e:
                 raise SystemExit(f"Error: {arm}: {e}") from None
     arms = {arm: arm_results(cfg, a.iterations) for arm, cfg in configs.items()}

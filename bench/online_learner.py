@@ -143,15 +143,21 @@ def arm_results(a: argparse.Namespace, arm: str, cfg, work: Path) -> dict:
     from halo_data.lake import Lake
 
     first = json.loads((work / "started.json").read_text())
-    rows = Lake.open(cfg.lake).query_arrow(
-        "select step, metric, value from train_metrics where run_id = $r order by step", {"r": cfg.run_id}).to_pylist()
-    per: dict[str, list] = {m: [None] * a.iterations for m in PER_ITERATION}
-    for r in rows:
-        if r["metric"] in per and r["step"] < a.iterations:
-            per[r["metric"]][r["step"]] = r["value"]
+    per = per_iteration(Lake.open(cfg.lake), cfg.run_id, PER_ITERATION, a.iterations)
     for name, seconds in (("seconds_per_trained_row", "update_seconds"), ("cpu_seconds_per_trained_row", "update_cpu_seconds")):
         per[name] = [u / n if u is not None and n else None for u, n in zip(per[seconds], per["rows_trained"])]
     return {"commit": first["commit"], "started_at": first["at"], "per_iteration": per}
+
+
+def per_iteration(lake, run_id: str, metrics: tuple[str, ...], iterations: int) -> dict[str, list]:
+    """An online run's ``metrics`` from ``train_metrics``, one value per iteration (None where it logged none)."""
+    rows = lake.query_arrow("select step, metric, value from train_metrics where run_id = $r order by step",
+                            {"r": run_id}).to_pylist()
+    per: dict[str, list] = {m: [None] * iterations for m in metrics}
+    for r in rows:
+        if r["metric"] in per and r["step"] < iterations:
+            per[r["metric"]][r["step"]] = r["value"]
+    return per
 
 
 def _mean(values: list) -> float | None:
