@@ -191,6 +191,19 @@ def vacuum(lake: Lake, retention_hours: int = 168, dry_run: bool = False) -> dic
     return out
 
 
+def repair(lake: Lake, dry_run: bool = False) -> dict[str, list[str]]:
+    """Forget the data files a table's log names but storage no longer holds (Delta's FSCK): one commit per table
+    that lost some, after which its rows in them are gone from every read. The files, per table that lost any."""
+    if not dry_run:
+        lake.check_writable()
+    out = {}
+    for name in S.TABLES:
+        gone = lake.table(name).repair(dry_run=dry_run).get("files_removed") or []
+        if gone:
+            out[name] = list(gone)
+    return out
+
+
 # ---------------------------------------------------------------------- validate
 @dataclasses.dataclass
 class Problem:

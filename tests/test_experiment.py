@@ -163,6 +163,99 @@ def test_test_seeds_are_never_evaluated_twice(ran, tmp_path):
         runner.records.check_test_once(cell.run_id, "smollm2-135m-instruct+bc-s0/final@0123", 1)
 
 
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {f.relative_to(folder).as_posix(): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_it(ran, tmp_path, monkeypatch):
+    """The root of a run experiment, with adapters as training leaves them, packed twice (the second time a mirror of
+    the first) and unpacked elsewhere: the runner there has nothing left to do, the lake reads the same episodes."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from halo_train.experiment import pack as packing
+
+    ran, _ = ran
+    root = tmp_path / "root"
+    shutil.copytree(ran.root, root)
+    runner = Runner(ran.p, root, code_dir=ran.records.code_dir)
+    a = root / "adapters"
+    files = {"dpo-s0/checkpoint-4/optimizer.pt": b"o", "dpo-s0/final/adapter_config.json": b"{}",
+             "bc-s0/round-0/checkpoint-4/optimizer.pt": b"4", "bc-s0/round-0/checkpoint-8/optimizer.pt": b"8",
+             "online-s0/online_run.json": b"{}", "online-s0/policy-1/learner_state.pt": b"1",
+             "online-s0/policy-2/learner_state.pt": b"2", "online-s0/.policy-3.saving/learner_state.pt": b"3"}
+    for rel, data in files.items():
+        (a / rel).parent.mkdir(parents=True, exist_ok=True)
+        (a / rel).write_bytes(data)
+    weights = {"base_model.model.q_proj.lora_A.weight": torch.randn(4, 8)}
+    save_file(weights, str(a / "dpo-s0/final/adapter_model.safetensors"))
+    (root / "run.pid").write_text("1")
+    plan = packing.Plan(runner)
+    plan.finished, plan.last_served = {"dpo-s0"}, {"online-s0": 2}  # dpo's cells complete; online served version 2
+
+    dest = tmp_path / "pack"
+    manifest = packing.pack(runner, dest, plan)
+    kept = _tree(dest)
+    assert {rel for rel in kept if rel.startswith("adapters/")} == {
+        "adapters/dpo-s0/final/adapter_config.json", "adapters/dpo-s0/final/adapter_model.safetensors",
+        "adapters/bc-s0/round-0/checkpoint-8/optimizer.pt", "adapters/online-s0/online_run.json",
+        "adapters/online-s0/policy-2/learner_state.pt"}
+    half = load_file(str(dest / "adapters/dpo-s0/final/adapter_model.safetensors"))
+    (name, tensor), = half.items()
+    assert tensor.dtype == torch.float16 and torch.allclose(tensor.float(), weights[name], atol=1e-3)
+    source = _tree(root)
+    shots = [rel for rel in source if rel.startswith("lake/screenshots/") and "_delta_log" not in rel]
+    assert shots and not any(rel in kept for rel in shots)
+    assert all(kept[rel] == data for rel, data in source.items() if rel.startswith("lake/") and rel not in shots)
+    assert "run.pid" not in kept and manifest["omitted"]["screenshots (no stage reads them)"]["files"] == len(shots)
+    assert manifest["float16"] == ["adapters/dpo-s0/final/adapter_model.safetensors"]
+
+    # Packed again after the job moved on: its older checkpoint goes, unchanged files are not written again.
+    shutil.rmtree(a / "bc-s0/round-0/checkpoint-4")
+    (a / "bc-s0/round-0/checkpoint-12").mkdir()
+    (a / "bc-s0/round-0/checkpoint-12/optimizer.pt").write_bytes(b"12")
+    steps_log = next((dest / "lake/steps/_delta_log").glob("*.json"))
+    written = steps_log.stat().st_mtime_ns
+    packing.pack(runner, dest, plan)
+    assert "adapters/bc-s0/round-0/checkpoint-8/optimizer.pt" not in _tree(dest)
+    assert (dest / "adapters/bc-s0/round-0/checkpoint-12/optimizer.pt").read_bytes() == b"12"
+    assert steps_log.stat().st_mtime_ns == written
+
+    again = tmp_path / "again"
+    done = packing.unpack(dest, again)
+    assert done["repaired"] == {"screenshots": len(shots)}
+    moved = Runner(ran.p, again, code_dir=ran.records.code_dir)
+    episodes = "select episode_id, success from episodes order by episode_id"
+    assert moved.state.query(episodes) == runner.state.query(episodes) != []
+    assert moved.state.query("select count(*) n from screenshots") == [{"n": 0}]
+    commands = (again / "commands.log").read_text()
+    moved.run()  # every stage is done in the unpacked root too: nothing runs
+    assert (again / "commands.log").read_text() == commands
+
+    with pytest.raises(packing.PackError, match="not empty"):
+        packing.unpack(dest, again)
+    from halo_train.cli import main
+
+    cli = CliRunner()
+    out = cli.invoke(main, ["experiment", "unpack", str(ran.p.path), "--root", str(tmp_path / "x"), "--from", str(root)])
+    assert out.exit_code == 1 and "is not a pack" in out.output and not (tmp_path / "x").exists()
+    out = cli.invoke(main, ["experiment", "pack", str(ran.p.path), "--root", str(root), "--to", str(tmp_path / "p2")])
+    assert out.exit_code == 0 and f"{len(shots)} screenshots" in out.output, out.output
+    copy2 = shutil.copy2
+
+    def copy_while_a_writer_commits(src, dst):  # a stage still running appends to the lake while it is packed
+        (root / "lake/steps/_delta_log/00000000000000000099.json").write_text("{}")
+        return copy2(src, dst)
+
+    monkeypatch.setattr(packing.shutil, "copy2", copy_while_a_writer_commits)
+    with pytest.raises(packing.PackError, match="changed while it was packed"):
+        packing.pack(runner, tmp_path / "other", plan)
+
+
 def test_the_cli_registers_and_reports_status_and_refuses_bad_input(tmp_path, monkeypatch):
     from halo_train.cli import main
 

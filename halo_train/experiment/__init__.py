@@ -6,6 +6,8 @@
     halo-train experiment status PROTOCOL.yaml      # what is done, what is left
     halo-train experiment export PROTOCOL.yaml      # episodes.parquet, timing, evidence, meta, adapters
     halo-train experiment report PROTOCOL.yaml      # success per arm and split with its intervals
+    halo-train experiment pack PROTOCOL.yaml --to DIR     # what `run` needs to go on elsewhere, copied to DIR
+    halo-train experiment unpack PROTOCOL.yaml --from DIR # the root again, from a pack
 
 See docs/learning.md.
 """

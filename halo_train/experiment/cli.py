@@ -118,6 +118,39 @@ def status_command(protocol: str, root: str | None) -> None:
         click.echo(f"last stage: {last['stage']}, ended {last['at']} (exit {last.get('rc')})")
 
 
+@experiment.command("pack")
+@protocol_argument
+@root_option
+@click.option("--to", "dest", required=True, help="The pack's folder: new, or an earlier pack of this root (updated in place).")
+@run_cli
+def pack_command(protocol: str, root: str | None, dest: str) -> None:
+    """Copy what `run` needs to go on into a folder (to keep in version control or object storage while no machine
+    holds the root): the lake without its screenshots, the records and logs, the adapters without superseded
+    checkpoints and versions, a finished arm's weights in float16. Stop `run` first."""
+    from halo_train.experiment.pack import pack
+
+    m = pack(_setup(protocol, root), dest)
+    left = sum(r["bytes"] for r in m["omitted"].values())
+    click.echo(f"packed {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) into {dest}; left out {left / 2**20:.1f} MiB: "
+               + (", ".join(f"{r['files']} {why}" for why, r in m["omitted"].items()) or "nothing"))
+
+
+@experiment.command("unpack")
+@protocol_argument
+@root_option
+@click.option("--from", "src", required=True, help="A folder written by `halo-train experiment pack`.")
+@run_cli
+def unpack_command(protocol: str, root: str | None, src: str) -> None:
+    """Make the root again of a pack, into an empty folder at the root's own path; `run` then goes on from it."""
+    from halo_train.experiment.pack import unpack
+
+    runner = _setup(protocol, root)
+    done = unpack(src, runner.root)
+    repaired = ", ".join(f"{n} {table} files" for table, n in done["repaired"].items()) or "nothing"
+    click.echo(f"unpacked {done['files']} files ({done['bytes'] / 2**20:.1f} MiB) into {runner.root}; the lake forgot "
+               f"the files the pack left out: {repaired}")
+
+
 @experiment.command("screen")
 @protocol_argument
 @root_option

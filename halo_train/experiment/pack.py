@@ -1,0 +1,192 @@
+"""An experiment's root as a pack: what ``experiment run`` needs to go on from where it stopped, on another machine
+or in a later session, without what no stage reads again.
+
+``pack`` mirrors ROOT into a folder (a file already there unchanged is not written again, a file gone from the root
+or no longer needed goes from the folder), so that the folder can be kept in version control or object storage and
+updated each time the run is paused; ``unpack`` makes a root of it again. Everything is copied byte for byte except:
+
+- the screenshots table's data files: no stage reads them (the observations are text); ``unpack`` repairs the table
+  (Delta's FSCK), so the restored lake reads consistently, without those screenshots;
+- training checkpoints that a final adapter supersedes, and all but the last checkpoint of a job that is still
+  running (``--resume-from`` takes the last);
+- an online run's served versions before the last one its iterations record (``--resume`` and the evaluations read
+  only that one and any newer), and half-written ones (``.policy-N.saving``);
+- once a trained arm's training is final and all its evaluation cells are complete: its optimizer states
+  (``learner_state.pt``), and its adapters' weights are kept in float16, as ``experiment export`` stores them.
+
+``pack.json`` in the folder counts what was kept and what was left out, and why. Unpack to the root's own path: the
+lake's records name adapters by absolute path. Stop ``experiment run`` before packing: a root written to while it is
+packed is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from halo_train.experiment.record import ExperimentError, code_identity, now
+
+MANIFEST = "pack.json"
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+POLICY = re.compile(r"policy-(\d+)")
+FINAL_WEIGHTS = "adapter_model.safetensors"
+LEARNER_STATE = "learner_state.pt"
+
+
+class PackError(ExperimentError):
+    """A pack or unpack that cannot be done as asked; the message says what to do."""
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: relative path -> (size, mtime in ns)."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            st = path.stat()
+            out[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _number(pattern: re.Pattern[str], name: str) -> int | None:
+    m = pattern.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+class Plan:
+    """What happens to each file of a root: ``copy``, ``half`` (float16 weights) or left out with a reason."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.root = runner.root
+        self.finished: set[str] = set()  # ARM-sSEED folders whose training is final and evaluation complete
+        self.last_served: dict[str, int] = {}  # online ARM-sSEED folder -> the last recorded served version
+        p = runner.p
+        for arm in p.trained_arms():
+            for seed in p.arm_seeds(arm):
+                folder = runner.adapter_dir(arm, seed).name
+                if runner.final_adapter(arm, seed) is not None and not runner.missing(p.eval_cells(arm, seed)):
+                    self.finished.add(folder)
+                if p.method(arm) == "online":
+                    its = runner.state.online_iterations(p.online_run(seed, arm))
+                    path = (its[-1].get("served_after") or {}).get("path") if its else None
+                    self.last_served[folder] = _number(POLICY, Path(path).name) or 0 if path else 0
+
+    def action(self, rel: str) -> str:
+        """``copy``, ``half``, or ``omit:REASON``."""
+        parts = rel.split("/")
+        if parts[0] == "lake":
+            if len(parts) > 2 and parts[1] == "screenshots" and "_delta_log" not in parts:
+                return "omit:screenshots (no stage reads them)"
+            return "copy"
+        if parts[0] != "adapters":
+            return "omit:process id file" if len(parts) == 1 and rel.endswith(".pid") else "copy"
+        arm_folder = parts[1] if len(parts) > 1 else ""
+        for i, part in enumerate(parts[:-1]):
+            if part.startswith(".") and part.endswith(".saving"):
+                return "omit:half-written versions"
+            step = _number(CHECKPOINT, part)
+            if step is not None:
+                job = self.root.joinpath(*parts[:i])
+                if (job / "final" / "adapter_config.json").exists():
+                    return "omit:checkpoints a final adapter supersedes"
+                newest = max(_number(CHECKPOINT, c.name) or 0 for c in job.glob("checkpoint-*"))
+                if step < newest:
+                    return "omit:earlier checkpoints of a running job"
+            version = _number(POLICY, part)
+            if version is not None and version < self.last_served.get(arm_folder, 0):
+                return "omit:served versions before the last"
+        if arm_folder in self.finished:
+            if parts[-1] == LEARNER_STATE:
+                return "omit:optimizer states of finished arms"
+            if parts[-1] == FINAL_WEIGHTS:
+                return "half"
+        return "copy"
+
+
+def _half(src: Path, dst: Path) -> None:
+    """The adapter weights in float16 (what ``experiment export`` stores), written only where they differ."""
+    from safetensors.torch import load_file, save
+
+    data = save({k: v.half().contiguous() if v.is_floating_point() else v
+                       for k, v in load_file(str(src)).items()})
+    if not dst.exists() or dst.read_bytes() != data:
+        dst.write_bytes(data)
+
+
+def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
+    """Mirror the runner's root into ``dest`` as described above (``plan``: what becomes of each file, by default
+    the runner's state now); the manifest it wrote to ``dest/pack.json``."""
+    root, dest = runner.root, Path(dest).resolve()
+    if not (root / "experiment.json").exists():
+        raise PackError(f"{root} holds no registered experiment: nothing to pack")
+    if dest == root or root in dest.parents:
+        raise PackError(f"pack into a folder outside the root {root}")
+    if dest.exists() and any(dest.iterdir()) and not (dest / MANIFEST).exists():
+        raise PackError(f"{dest} holds files that are not a pack: choose an empty folder or an earlier pack")
+    before = _files(root)
+    plan = plan or Plan(runner)
+    kept: dict[str, str] = {}
+    omitted: dict[str, dict[str, int]] = {}
+    for rel, (size, _) in sorted(before.items()):
+        action = plan.action(rel)
+        if action.startswith("omit:"):
+            reason = omitted.setdefault(action[5:], {"files": 0, "bytes": 0})
+            reason["files"] += 1
+            reason["bytes"] += size
+        else:
+            kept[rel] = action
+    dest.mkdir(parents=True, exist_ok=True)
+    present = _files(dest)
+    for rel in present:
+        if rel not in kept and rel != MANIFEST:
+            (dest / rel).unlink()
+    for rel, action in kept.items():
+        src, dst = root / rel, dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if action == "half":
+            _half(src, dst)
+        elif present.get(rel) != before[rel]:  # copy2 keeps the time: an unchanged file is not copied again
+            shutil.copy2(src, dst)
+    for dirpath, _, _ in sorted(os.walk(dest), reverse=True):  # folders left empty by removed files
+        if Path(dirpath) != dest and not any(Path(dirpath).iterdir()):
+            Path(dirpath).rmdir()
+    after = _files(root)
+    changed = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)
+                     and plan.action(rel) != "omit:process id file")
+    if changed:
+        raise PackError(f"the root changed while it was packed ({changed[0]}, {len(changed)} files): stop "
+                        f"`halo-train experiment run`, then pack again")
+    manifest = {
+        "experiment": runner.p.name, "root": str(root), "packed_at": now(), "code": code_identity()["commit"],
+        "files": len(kept), "bytes": sum((dest / rel).stat().st_size for rel in kept),
+        "float16": sorted(rel for rel, a in kept.items() if a == "half"),
+        "finished_arms": sorted(plan.finished), "omitted": omitted,
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def unpack(src: str | Path, root: str | Path) -> dict[str, Any]:
+    """Make ``root`` of a pack: its files copied, the lake's tables repaired where the pack left data files out.
+    What it did: files, bytes and the repaired files per table."""
+    from halo_data.lake import Lake
+    from halo_data.ops import repair
+
+    src, root = Path(src).resolve(), Path(root).resolve()
+    if not (src / MANIFEST).exists() or not (src / "experiment.json").exists():
+        raise PackError(f"{src} is not a pack of an experiment (no {MANIFEST} and experiment.json)")
+    if root.exists() and any(root.iterdir()):
+        raise PackError(f"{root} is not empty: unpack into a new or empty folder (the root's own path)")
+    files = {rel: size for rel, (size, _) in _files(src).items() if rel != MANIFEST}
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, root / rel)
+    lake = root / "lake"
+    repaired = repair(Lake.open(str(lake))) if (lake / "meta" / "info.json").exists() else {}
+    return {"files": len(files), "bytes": sum(files.values()),
+            "repaired": {table: len(gone) for table, gone in repaired.items()}}
