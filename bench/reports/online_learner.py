@@ -28,13 +28,14 @@ def report(results_dir: pathlib.Path) -> str:
             m = run["means"][arm]
             last = [v for v in p["displacement_from_base"] if v is not None]
             rows.append([arm, _fmt(m["displacement_from_previous"], ".4f"), _fmt(last[-1] if last else None, ".4f"),
+                         _fmt(adds_up(p), ".2f"),
                          _fmt(_mean(p["optimizer_steps"]), ".1f"), _fmt(_mean(p["approx_kl"]), ".4f"),
                          _fmt(_mean(p["success_rate/train"][len(p["success_rate/train"]) // 2:]), ".0%"),
                          _fmt(m["rows_trained"], ".0f"),
                          _fmt(m["update_seconds"], ".1f"), _fmt(m["seconds_per_trained_row"], ".2f"),
                          _fmt(m.get("cpu_seconds_per_trained_row"), ".2f"),
                          _fmt(m["step_advantage_share"], ".2f"), ", ".join(heldout) or "–", r["commit"][:10]])
-        head = ["arm", "moved per iteration", "moved from base at the end", "optimizer steps per update",
+        head = ["arm", "moved per iteration", "moved from base at the end", "of the moves, net", "optimizer steps per update",
                 "KL(new‖old) per update", "sampled success, second half", "rows trained", "update s", "s per trained row", "CPU s per trained row",
                 "step share of advantage",
                 "dev success", "commit"]
@@ -43,6 +44,17 @@ def report(results_dir: pathlib.Path) -> str:
         ratios = []
         if "displacement_ratio" in run:
             ratios.append(f"persistent / jobs displacement per iteration: {run['displacement_ratio']:.2f}× (target ≥ 3×)")
+        end = {arm: ([v for v in r["per_iteration"]["displacement_from_base"] if v is not None] or [None])[-1]
+               for arm, r in run["arms"].items()}
+        if end.get("jobs") and end.get("persistent") is not None:
+            ratios.append(f"persistent / jobs moved from base at the end: {end['persistent'] / end['jobs']:.2f}× (no "
+                          "target: what the iterations' updates add up to)")
+        n = len(run["arms"].get("jobs", {}).get("per_iteration", {}).get("displacement_from_previous", []))
+        net = {arm: adds_up(r["per_iteration"]) for arm, r in run["arms"].items()}
+        if net.get("jobs") is not None and net.get("persistent") is not None and n:
+            ratios.append(f"of the moves, net (moved from base at the end / the iterations' moves added up; 1: every "
+                          f"update in one direction, {n ** -0.5:.2f}: {n} independent directions): jobs "
+                          f"{net['jobs']:.2f}, persistent {net['persistent']:.2f}")
         kl = {arm: _mean(r["per_iteration"]["approx_kl"]) for arm, r in run["arms"].items()}
         if kl.get("jobs") and kl.get("persistent") is not None:
             ratios.append(f"persistent / jobs approx KL(new‖old) per update: {kl['persistent'] / kl['jobs']:.2f}× "
@@ -54,6 +66,15 @@ def report(results_dir: pathlib.Path) -> str:
         out.append("\n".join(f"- {line}" for line in ratios + [
             f"{provenance(run)}; load {run['load_before'][0]:.1f} before, {run['load_after'][0]:.1f} after"]) + "\n")
     return "\n".join(out)
+
+
+def adds_up(p: dict) -> float | None:
+    """How much of an arm's movement is net: its displacement from the base at the end over the sum of its
+    iterations' displacements from the version before (1 when every update moves the same way; about 1/sqrt(n) for
+    n updates in independent directions, a random walk)."""
+    moves = [v for v in p["displacement_from_previous"] if v is not None]
+    last = [v for v in p["displacement_from_base"] if v is not None]
+    return last[-1] / sum(moves) if moves and last and sum(moves) > 0 else None
 
 
 def per_iteration(run: dict) -> str:
