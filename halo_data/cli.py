@@ -323,6 +323,21 @@ def validate(lake_path: str, all_versions: bool) -> None:
 
 
 @main.command()
+@LAKE_OPTION
+@click.option("--dry-run", is_flag=True, help="List what would be forgotten; commit nothing.")
+@run_cli
+def repair(lake_path: str, dry_run: bool) -> None:
+    """Forget data files that the tables name but storage lost (Delta's FSCK, one commit per table): their rows are
+    gone from then on, and every read works again. `validate` says which files are missing."""
+    from halo_data.ops import repair as do_repair
+
+    out = do_repair(Lake.open(lake_path), dry_run=dry_run)
+    n = sum(len(v) for v in out.values())
+    click.echo(f"{'would forget' if dry_run else 'forgot'} {n} missing files"
+               + (": " + ", ".join(f"{table} {len(files)}" for table, files in out.items()) if out else ""))
+
+
+@main.command()
 @click.argument("run_id")
 @LAKE_OPTION
 @run_cli

@@ -348,6 +348,10 @@ def test_validate_detects_a_truncated_parquet_file(lake):
     result = run("validate", "--lake", lake.root)
     assert result.exit_code == 1
     assert result.stderr == f"Error: steps: missing file {victim} (version 3)\n"
+    assert ok("repair", "--lake", lake.root, "--dry-run") == "would forget 1 missing files: steps 1\n"
+    assert ok("repair", "--lake", lake.root) == "forgot 1 missing files: steps 1\n"
+    assert ok("validate", "--lake", lake.root) == "lake is valid\n"
+    assert ok("repair", "--lake", lake.root) == "forgot 0 missing files\n"
 
 
 def test_quarantine_deletes_a_run_recoverable_with_as_of(lake):
