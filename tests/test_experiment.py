@@ -194,6 +194,12 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     weights = {"base_model.model.q_proj.lora_A.weight": torch.randn(4, 8)}
     save_file(weights, str(a / "dpo-s0/final/adapter_model.safetensors"))
     (root / "run.pid").write_text("1")
+    from deltalake import DeltaTable
+
+    steps = DeltaTable(str(root / "lake/steps"))
+    steps.create_checkpoint()  # the log's last checkpoint; one of an earlier version beside it is superseded
+    last = root / f"lake/steps/_delta_log/{steps.version():020d}.checkpoint.parquet"
+    shutil.copy(last, root / "lake/steps/_delta_log/00000000000000000000.checkpoint.parquet")
     plan = packing.Plan(runner)
     plan.finished, plan.last_served = {"dpo-s0"}, {"online-s0": 2}  # dpo's cells complete; online served version 2
 
@@ -210,8 +216,11 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     source = _tree(root)
     shots = [rel for rel in source if rel.startswith("lake/screenshots/") and "_delta_log" not in rel]
     assert shots and not any(rel in kept for rel in shots)
-    assert all(kept[rel] == data for rel, data in source.items() if rel.startswith("lake/") and rel not in shots)
+    stale = "lake/steps/_delta_log/00000000000000000000.checkpoint.parquet"
+    assert {rel for rel in source if rel.startswith("lake/")} - set(kept) == {*shots, stale}
+    assert all(kept[rel] == data for rel, data in source.items() if rel.startswith("lake/") and rel in kept)
     assert "run.pid" not in kept and manifest["omitted"]["screenshots (no stage reads them)"]["files"] == len(shots)
+    assert last.relative_to(root).as_posix() in kept
     assert manifest["float16"] == ["adapters/dpo-s0/final/adapter_model.safetensors"]
 
     # Packed again after the job moved on: its older checkpoint goes, unchanged files are not written again.

@@ -7,6 +7,9 @@ updated each time the run is paused; ``unpack`` makes a root of it again. Everyt
 
 - the screenshots table's data files: no stage reads them (the observations are text); ``unpack`` repairs the table
   (Delta's FSCK), so the restored lake reads consistently, without those screenshots;
+- each table's Delta checkpoints before its last: each lists every file of its version, so together they grow with
+  the square of the commits, and the last one (then the commits after it) is what a read starts from; the commits
+  themselves are all kept, so every version stays readable;
 - training checkpoints that a final adapter supersedes, and all but the last checkpoint of a job that is still
   running (``--resume-from`` takes the last);
 - an online run's served versions before the last one its iterations record (``--resume`` and the evaluations read
@@ -33,6 +36,7 @@ from halo_train.experiment.record import ExperimentError, code_identity, now
 MANIFEST = "pack.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 POLICY = re.compile(r"policy-(\d+)")
+DELTA_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet")  # single or multi-part
 FINAL_WEIGHTS = "adapter_model.safetensors"
 LEARNER_STATE = "learner_state.pt"
 
@@ -82,6 +86,11 @@ class Plan:
         if parts[0] == "lake":
             if len(parts) > 2 and parts[1] == "screenshots" and "_delta_log" not in parts:
                 return "omit:screenshots (no stage reads them)"
+            version = _number(DELTA_CHECKPOINT, parts[-1])
+            if parts[-2:-1] == ["_delta_log"] and version is not None:
+                log = self.root.joinpath(*parts[:-1])
+                if version < max(_number(DELTA_CHECKPOINT, f.name) or 0 for f in log.glob("*.checkpoint*.parquet")):
+                    return "omit:Delta checkpoints before the last (the log's commits replay them)"
             return "copy"
         if parts[0] != "adapters":
             return "omit:process id file" if len(parts) == 1 and rel.endswith(".pid") else "copy"
