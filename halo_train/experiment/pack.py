@@ -65,7 +65,6 @@ class Plan:
     """What happens to each file of a root: ``copy``, ``half`` (float16 weights) or left out with a reason."""
 
     def __init__(self, runner):
-        self.runner = runner
         self.root = runner.root
         self.finished: set[str] = set()  # ARM-sSEED folders whose training is final and evaluation complete
         self.last_served: dict[str, int] = {}  # online ARM-sSEED folder -> the last recorded served version
@@ -78,7 +77,7 @@ class Plan:
                 if p.method(arm) == "online":
                     its = runner.state.online_iterations(p.online_run(seed, arm))
                     path = (its[-1].get("served_after") or {}).get("path") if its else None
-                    self.last_served[folder] = _number(POLICY, Path(path).name) or 0 if path else 0
+                    self.last_served[folder] = (_number(POLICY, Path(path).name) or 0) if path else 0
 
     def action(self, rel: str) -> str:
         """``copy``, ``half``, or ``omit:REASON``."""
@@ -121,8 +120,7 @@ def _half(src: Path, dst: Path) -> None:
     """The adapter weights in float16 (what ``experiment export`` stores), written only where they differ."""
     from safetensors.torch import load_file, save
 
-    data = save({k: v.half().contiguous() if v.is_floating_point() else v
-                       for k, v in load_file(str(src)).items()})
+    data = save({k: v.half().contiguous() if v.is_floating_point() else v for k, v in load_file(str(src)).items()})
     if not dst.exists() or dst.read_bytes() != data:
         dst.write_bytes(data)
 
