@@ -305,14 +305,21 @@ def _git_commit_of(path: Path) -> str | None:
     return out.stdout.strip() or None
 
 
-def copy_adapter(src: Path, dst: Path) -> None:
-    """The adapter's config and weights, the weights in float16 (half the size; LoRA deltas lose nothing that matters)."""
-    from safetensors.torch import load_file, save_file
+def half_weights(src: Path, dst: Path) -> None:
+    """A safetensors file with its floating tensors in float16 (half the size; LoRA deltas lose nothing that
+    matters), written only where ``dst`` differs."""
+    from safetensors.torch import load_file, save
 
+    data = save({k: v.half().contiguous() if v.is_floating_point() else v for k, v in load_file(str(src)).items()})
+    if not dst.exists() or dst.read_bytes() != data:
+        dst.write_bytes(data)
+
+
+def copy_adapter(src: Path, dst: Path) -> None:
+    """The adapter's config and weights, the weights in float16."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "adapter_config.json", dst / "adapter_config.json")
-    tensors = load_file(str(src / "adapter_model.safetensors"))
-    save_file({k: v.half().contiguous() for k, v in tensors.items()}, str(dst / "adapter_model.safetensors"))
+    half_weights(src / "adapter_model.safetensors", dst / "adapter_model.safetensors")
 
 
 def export(runner, results: Path) -> str:

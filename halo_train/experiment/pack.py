@@ -31,6 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from halo_train.experiment.export import half_weights
 from halo_train.experiment.record import ExperimentError, code_identity, now
 
 MANIFEST = "pack.json"
@@ -79,6 +80,11 @@ class Plan:
                     path = (its[-1].get("served_after") or {}).get("path") if its else None
                     self.last_served[folder] = (_number(POLICY, Path(path).name) or 0) if path else 0
 
+    @staticmethod
+    def _newest(folder: Path, pattern: re.Pattern[str]) -> int:
+        """The highest number among ``folder``'s entries that ``pattern`` names (listed now: a plan may be reused)."""
+        return max((_number(pattern, f.name) or 0 for f in folder.iterdir()), default=0)
+
     def action(self, rel: str) -> str:
         """``copy``, ``half``, or ``omit:REASON``."""
         parts = rel.split("/")
@@ -87,8 +93,7 @@ class Plan:
                 return "omit:screenshots (no stage reads them)"
             version = _number(DELTA_CHECKPOINT, parts[-1])
             if parts[-2:-1] == ["_delta_log"] and version is not None:
-                log = self.root.joinpath(*parts[:-1])
-                if version < max(_number(DELTA_CHECKPOINT, f.name) or 0 for f in log.glob("*.checkpoint*.parquet")):
+                if version < self._newest(self.root.joinpath(*parts[:-1]), DELTA_CHECKPOINT):
                     return "omit:Delta checkpoints before the last (the log's commits replay them)"
             return "copy"
         if parts[0] != "adapters":
@@ -102,8 +107,7 @@ class Plan:
                 job = self.root.joinpath(*parts[:i])
                 if (job / "final" / "adapter_config.json").exists():
                     return "omit:checkpoints a final adapter supersedes"
-                newest = max(_number(CHECKPOINT, c.name) or 0 for c in job.glob("checkpoint-*"))
-                if step < newest:
+                if step < self._newest(job, CHECKPOINT):
                     return "omit:earlier checkpoints of a running job"
             version = _number(POLICY, part)
             if version is not None and version < self.last_served.get(arm_folder, 0):
@@ -114,15 +118,6 @@ class Plan:
             if parts[-1] == FINAL_WEIGHTS:
                 return "half"
         return "copy"
-
-
-def _half(src: Path, dst: Path) -> None:
-    """The adapter weights in float16 (what ``experiment export`` stores), written only where they differ."""
-    from safetensors.torch import load_file, save
-
-    data = save({k: v.half().contiguous() if v.is_floating_point() else v for k, v in load_file(str(src)).items()})
-    if not dst.exists() or dst.read_bytes() != data:
-        dst.write_bytes(data)
 
 
 def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
@@ -156,7 +151,7 @@ def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
         src, dst = root / rel, dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if action == "half":
-            _half(src, dst)
+            half_weights(src, dst)  # what `experiment export` stores
         elif present.get(rel) != before[rel]:  # copy2 keeps the time: an unchanged file is not copied again
             shutil.copy2(src, dst)
     for dirpath, _, _ in sorted(os.walk(dest), reverse=True):  # folders left empty by removed files
