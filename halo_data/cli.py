@@ -298,12 +298,14 @@ def upgrade(lake_path: str) -> None:
 @click.option("--dry-run", is_flag=True)
 @run_cli
 def vacuum(lake_path: str, retention_hours: int, dry_run: bool) -> None:
-    """Delete files no snapshot within the retention needs (ends time travel before it)."""
+    """Delete files no snapshot within the retention needs (ends time travel before it), and superseded Delta checkpoints."""
     from halo_data.ops import vacuum as do_vacuum
 
     out = do_vacuum(Lake.open(lake_path), retention_hours=retention_hours, dry_run=dry_run)
     n = sum(len(v) for v in out.values())
-    click.echo(f"{'would delete' if dry_run else 'deleted'} {n} files")
+    checkpoints = sum(f.startswith("_delta_log/") for v in out.values() for f in v)
+    click.echo(f"{'would delete' if dry_run else 'deleted'} {n} files"
+               + (f" ({checkpoints} of them superseded Delta checkpoints)" if checkpoints else ""))
 
 
 @main.command()

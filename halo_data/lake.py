@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -39,6 +40,8 @@ MAX_COMMIT_RETRIES = 1000
 # A checkpoint every 10 commits, not delta-rs's 100: opening a table reads the last checkpoint and every commit
 # since, one GET each on an object store, and an online campaign commits to steps several times per iteration.
 TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
+# A checkpoint's file name in a table's log: single-part or one part of a multi-part checkpoint.
+DELTA_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet")
 
 # Per table, the columns of long free text: no dictionary, no statistics.
 LONG_TEXT_COLUMNS = {
@@ -334,6 +337,17 @@ class Lake:
         with fs.open_input_stream(path) as f:
             return f.read().decode()
 
+    def _list(self, rel: str) -> list[str]:
+        """The names of the files directly in the lake's folder ``rel``."""
+        if _is_local(self.root):
+            folder = _local_path(self.root) / rel
+            return sorted(f.name for f in folder.iterdir() if f.is_file()) if folder.is_dir() else []
+        import pyarrow.fs as pafs
+
+        fs, base = pafs.FileSystem.from_uri(self.root)
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{rel}", allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
     def _write_info(self) -> None:
         self.write_meta(INFO_PATH, (LakeInfo.current() if self.info is None else self.info).to_json())
 
@@ -357,6 +371,7 @@ class Lake:
                 f.write(text.encode())
 
     def delete_meta(self, rel: str) -> None:
+        """Delete a file of the lake's own, or of a table's log (``TABLE/_delta_log/NAME``); gone already is fine."""
         if _is_local(self.root):
             (_local_path(self.root) / rel).unlink(missing_ok=True)
         else:
@@ -430,6 +445,15 @@ class Lake:
     def versions(self) -> dict[str, int]:
         """Current version of every table (what a training run records as lineage)."""
         return {name: self.table(name).version() for name in S.TABLES}
+
+    def checkpoints(self, name: str) -> dict[int, list[str]]:
+        """Table ``name``'s Delta checkpoints: version -> the log's files of it (one, or the parts of one)."""
+        out: dict[int, list[str]] = {}
+        for f in self._list(f"{name}/_delta_log"):
+            m = DELTA_CHECKPOINT.fullmatch(f)
+            if m:
+                out.setdefault(int(m.group(1)), []).append(f)
+        return out
 
     def files(self, name: str, version: int | dt.datetime | None = None) -> list[str]:
         uris = self.table(name, version).file_uris()

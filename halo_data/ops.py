@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -179,8 +180,26 @@ def upgrade(lake: Lake) -> dict[str, Any]:
     return report
 
 
+def superseded_checkpoints(lake: Lake, name: str, retention_hours: float) -> list[str]:
+    """Table ``name``'s Delta checkpoints older than its newest one committed before the retention: a read of any
+    version since then starts from that one or a later one. Each checkpoint lists every file of its version, so
+    together they grow with the square of the commits; the commits stay, so every version stays readable."""
+    checkpoints = lake.checkpoints(name)
+    if len(checkpoints) < 2:
+        return []
+    cutoff_ms = (time.time() - retention_hours * 3600) * 1000
+    committed = {c["version"]: c["timestamp"] for c in lake.table(name).history()}
+    before = [v for v in checkpoints if committed.get(v, float("inf")) <= cutoff_ms]
+    if not before:
+        return []
+    keep_from = max(before)
+    return [f"_delta_log/{f}" for v in sorted(checkpoints) if v < keep_from for f in checkpoints[v]]
+
+
 def vacuum(lake: Lake, retention_hours: int = 168, dry_run: bool = False) -> dict[str, list[str]]:
-    """Delete files no snapshot newer than ``retention_hours`` needs. Ends time travel past that point."""
+    """Delete files no snapshot newer than ``retention_hours`` needs, which ends time travel past that point, and
+    the Delta checkpoints reads since then no longer start from (``superseded_checkpoints``). The files, per table
+    (relative to it)."""
     if not dry_run:
         lake.check_writable()
     out = {}
@@ -188,6 +207,11 @@ def vacuum(lake: Lake, retention_hours: int = 168, dry_run: bool = False) -> dic
         out[name] = lake.table(name).vacuum(
             retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False
         )
+        checkpoints = superseded_checkpoints(lake, name, retention_hours)
+        if not dry_run:
+            for rel in checkpoints:
+                lake.delete_meta(f"{name}/{rel}")
+        out[name] += checkpoints
     return out
 
 

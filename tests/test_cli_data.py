@@ -335,6 +335,26 @@ def test_compact_and_vacuum(lake):
     assert ok("validate", "--lake", lake.root) == "lake is valid\n"
 
 
+
+def test_vacuum_deletes_the_delta_checkpoints_reads_no_longer_start_from(lake):
+    """A checkpoint every 10 commits lists every file of its version; vacuum keeps the newest one committed before
+    the retention and every commit, so each version of an append-only table reads as before."""
+    with EpisodeWriter(lake, flush_episodes=1) as writer:  # steps: versions 0-3 from the build, then 4-24
+        for seed in range(21):
+            writer.write_episode(
+                {"run_id": "r3", "env": "miniwob", "task_id": "miniwob.t", "site": "miniwob", "task_seed": seed,
+                 "attempt_idx": 0, "success": False, "mode": "random"},
+                [{"prompt": PROMPT, "model_output": "noop()", "action": "noop()", "action_valid": True}])
+    assert sorted(lake.checkpoints("steps")) == [9, 19]  # after each 10th commit
+    sql = "select count(*) as n from steps"
+    before = {v: ok(sql, "--lake", lake.root, "--as-of", f"steps={v}", "--nl") for v in (5, 9, 15, 24)}
+    assert ok("vacuum", "--lake", lake.root, "--dry-run") == "would delete 0 files\n"  # all within 168 h
+    assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0") == (
+        "deleted 1 files (1 of them superseded Delta checkpoints)\n")
+    assert sorted(lake.checkpoints("steps")) == [19]
+    assert {v: ok(sql, "--lake", lake.root, "--as-of", f"steps={v}", "--nl") for v in before} == before
+    assert ok("validate", "--lake", lake.root, "--all-versions") == "lake is valid\n"
+
 def test_validate_detects_a_truncated_parquet_file(lake):
     assert ok("validate", "--lake", lake.root) == "lake is valid\n"
     victim = sorted(lake.files("steps"))[0]

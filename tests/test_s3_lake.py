@@ -128,6 +128,22 @@ def test_init_query_compact_and_time_travel_through_the_cli(s3_lake, tmp_path):
     assert_no_credentials(s3_lake)
 
 
+def test_vacuum_deletes_files_and_superseded_checkpoints_from_the_bucket(s3_lake):
+    lake = Lake.init(s3_lake)
+    write_episodes(lake, "r1", range(0, 4))
+    for i in range(19):  # runs: a checkpoint after its 10th and 20th commits
+        lake.upsert_runs([{"run_id": "r1", "kind": "rollout", "policy_version": f"v{i}"}])
+    assert sorted(lake.checkpoints("runs")) == [9, 19]
+    cli("compact", "--lake", s3_lake)
+    assert cli("vacuum", "--lake", s3_lake, "--retention-hours", "0") == (
+        "deleted 21 files (1 of them superseded Delta checkpoints)\n")  # and the data files merges and compact replaced
+    assert sorted(lake.checkpoints("runs")) == [19]
+    assert not [k for k in bucket_objects(s3_lake) if k.endswith("00000000000000000009.checkpoint.parquet")]
+    out = cli("query", "--lake", s3_lake, "--json", "select count(*) as n, any_value(policy_version) as v from runs")
+    assert json.loads(out) == [{"n": 1, "v": "v18"}]
+    assert cli("validate", "--lake", s3_lake) == "lake is valid\n"
+
+
 def test_writing_without_safe_commits_fails_with_one_line_and_writes_nothing(s3_lake, monkeypatch):
     monkeypatch.delenv("AWS_CONDITIONAL_PUT")
     result = CliRunner().invoke(main, ["init", s3_lake])

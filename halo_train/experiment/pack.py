@@ -31,13 +31,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from halo_data.lake import DELTA_CHECKPOINT
 from halo_train.experiment.export import half_weights
 from halo_train.experiment.record import ExperimentError, code_identity, now
 
 MANIFEST = "pack.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 POLICY = re.compile(r"policy-(\d+)")
-DELTA_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet")  # single or multi-part
 FINAL_WEIGHTS = "adapter_model.safetensors"
 LEARNER_STATE = "learner_state.pt"
 
