@@ -286,6 +286,38 @@ def test_the_cli_registers_and_reports_status_and_refuses_bad_input(tmp_path, mo
     assert out.exit_code == 1 and "held-out tasks are trained on" in out.output
 
 
+
+def test_one_run_or_pack_holds_a_root_at_a_time_until_its_process_ends(tmp_path, monkeypatch):
+    import sys
+
+    from halo_train.cli import main
+    from halo_train.experiment.record import holder
+
+    code = git_repo(tmp_path / "code")
+    monkeypatch.setenv("HALO_EXPERIMENT_CODE_DIR", str(code))
+    proto, root = tiny_protocol(tmp_path / "tiny.yaml"), tmp_path / "root"
+    cli = CliRunner()
+    assert cli.invoke(main, ["experiment", "register", str(proto), "--root", str(root)]).exit_code == 0
+    holding = ("import sys, time; from halo_train.experiment.record import holding\n"
+               "with holding(sys.argv[1], 'run'):\n    print('held', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", holding, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        assert holder(root)["pid"] == proc.pid
+        for args in (["run"], ["pack", "--to", str(tmp_path / "pack")]):
+            out = cli.invoke(main, ["experiment", *args, str(proto), "--root", str(root)])
+            assert out.exit_code == 1 and out.output.startswith(
+                f"Error: {root} is in use by `experiment run` (pid {proc.pid}, since "), out.output
+        assert not (tmp_path / "pack").exists() and not (root / "lake").exists()  # nothing ran, nothing packed
+        out = cli.invoke(main, ["experiment", "status", str(proto), "--root", str(root)])
+        assert f"now: `experiment run` is running (pid {proc.pid}, since " in out.output
+    finally:
+        proc.kill()  # kill -9: the kernel lets go of the lock with the process
+        proc.wait()
+    assert holder(root) is None
+    out = cli.invoke(main, ["experiment", "status", str(proto), "--root", str(root)])
+    assert "now: no `experiment run` or `pack` holds this root" in out.output
+
 def test_the_paired_interval_carries_both_seed_spread_and_task_seed_spread():
     units = [("t", i) for i in range(40)]
     steady = ([0, 1, 2], units, [[float(i % 2) for i in range(40)]] * 3)  # 50% on every seed

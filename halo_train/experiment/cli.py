@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import click
 
 from halo_data.cli_support import CONTEXT_SETTINGS, run_cli, short_openmp_spin
+from halo_train.experiment.record import holder, holding
 
 ROOT_HELP = "Where the lake, adapters, logs and records go (default: runs/NAME beside the working directory)."
 
@@ -84,7 +86,8 @@ def run_command(protocol: str, root: str | None, arms: str | None, seeds: str | 
     # SIGTERM (kill PID) ends the runner as Ctrl-C would: the running stage and the engine stop on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     _logging()
-    runner.run(arms=arms.split(",") if arms else None, seeds=[int(s) for s in seeds.split(",")] if seeds else None)
+    with contextlib.nullcontext() if dry_run else holding(runner.root, "run"):  # one runner per root
+        runner.run(arms=arms.split(",") if arms else None, seeds=[int(s) for s in seeds.split(",")] if seeds else None)
 
 
 @experiment.command("status")
@@ -116,6 +119,9 @@ def status_command(protocol: str, root: str | None) -> None:
         click.echo(f"last stage: {last['stage']}, started {last['at']}; no end recorded: running, or stopped")
     elif last is not None:
         click.echo(f"last stage: {last['stage']}, ended {last['at']} (exit {last.get('rc')})")
+    held = holder(runner.root)
+    click.echo(f"now: `experiment {held.get('command', '?')}` is running (pid {held.get('pid', '?')}, since "
+               f"{held.get('since', '?')})" if held is not None else "now: no `experiment run` or `pack` holds this root")
 
 
 @experiment.command("pack")

@@ -33,7 +33,7 @@ from typing import Any
 
 from halo_data.lake import DELTA_CHECKPOINT
 from halo_train.experiment.export import half_weights
-from halo_train.experiment.record import ExperimentError, code_identity, now
+from halo_train.experiment.record import LOCK, ExperimentError, code_identity, holding, now
 
 MANIFEST = "pack.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -97,7 +97,7 @@ class Plan:
                     return "omit:Delta checkpoints before the last (the log's commits replay them)"
             return "copy"
         if parts[0] != "adapters":
-            return "omit:process id file" if len(parts) == 1 and rel.endswith(".pid") else "copy"
+            return "omit:process files" if len(parts) == 1 and (rel.endswith(".pid") or rel == LOCK) else "copy"
         arm_folder = parts[1] if len(parts) > 1 else ""
         for i, part in enumerate(parts[:-1]):
             if part.startswith(".") and part.endswith(".saving"):
@@ -130,8 +130,13 @@ def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
         raise PackError(f"pack into a folder outside the root {root}")
     if dest.exists() and any(dest.iterdir()) and not (dest / MANIFEST).exists():
         raise PackError(f"{dest} holds files that are not a pack: choose an empty folder or an earlier pack")
+    with holding(root, "pack"):  # refused while `run` holds the root
+        return _mirror(runner, dest, plan or Plan(runner))
+
+
+def _mirror(runner, dest: Path, plan: Plan) -> dict[str, Any]:
+    root = runner.root
     before = _files(root)
-    plan = plan or Plan(runner)
     kept: dict[str, str] = {}
     omitted: dict[str, dict[str, int]] = {}
     for rel, (size, _) in sorted(before.items()):
@@ -159,7 +164,7 @@ def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
             Path(dirpath).rmdir()
     after = _files(root)
     changed = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)
-                     and plan.action(rel) != "omit:process id file")
+                     and plan.action(rel) != "omit:process files")
     if changed:
         raise PackError(f"the root changed while it was packed ({changed[0]}, {len(changed)} files): stop "
                         f"`halo-train experiment run`, then pack again")

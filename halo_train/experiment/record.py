@@ -18,15 +18,18 @@ evaluated again).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 PACKAGES = ("halo", "torch", "transformers", "peft", "trl", "accelerate", "duckdb", "deltalake", "playwright", "miniwob")
 CODE_DIR = Path(__file__).resolve().parents[2]  # HALO's checkout (or site-packages, where it is installed)
@@ -178,6 +181,54 @@ class Records:
             raise ExperimentError(f"{run_id}: its test seeds were evaluated at {started['at']} (commit "
                                   f"{(started.get('commit') or '?')[:12]}) and their episodes are not in the lake: "
                                   "a second evaluation is refused")
+
+
+LOCK = "run.lock"
+
+
+def holder(root: str | Path) -> dict[str, Any] | None:
+    """Who holds ``root`` now (``pid``, ``command``, ``since``), or None: the lock's first holder wrote them."""
+    path = Path(root) / LOCK
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        try:
+            return json.loads(path.read_text() or "{}")
+        except ValueError:  # its holder is writing it
+            return {}
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def holding(root: str | Path, command: str) -> Iterator[None]:
+    """Hold ``root`` for ``command`` (``run``, ``pack``): one of them at a time, so that two runners never start the
+    same stage and a pack never copies a root being written. The lock is the kernel's (``flock``), so it ends with
+    the process however it ends, kill -9 included; stages' child processes do not inherit it."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        for attempt in range(2):  # a `status` checking the lock holds it for a moment
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.2)
+        else:
+            other = holder(root) or {}
+            raise ExperimentError(
+                f"{root} is in use by `experiment {other.get('command', '?')}` (pid {other.get('pid', '?')}, since "
+                f"{other.get('since', '?')}): stop it or let it finish first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "command": command, "since": now()}).encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 def policy_fingerprint(adapter: str | None, base_model: str) -> str:
