@@ -249,7 +249,7 @@ def import_(sources: tuple[str, ...], lake_path: str, run_id: str | None, fmt: s
 @click.option("--json", "as_json", is_flag=True)
 @run_cli
 def stats(lake_path: str, as_json: bool) -> None:
-    """Rows, files, bytes and version of every table."""
+    """Rows, files, bytes and version of every table, and its Delta log's bytes."""
     from halo_data import output
     from halo_data.ops import stats as do_stats
 

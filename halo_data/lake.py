@@ -337,16 +337,16 @@ class Lake:
         with fs.open_input_stream(path) as f:
             return f.read().decode()
 
-    def _list(self, rel: str) -> list[str]:
-        """The names of the files directly in the lake's folder ``rel``."""
+    def list_files(self, rel: str) -> dict[str, int]:
+        """The files directly in the lake's folder ``rel``: name -> bytes."""
         if _is_local(self.root):
             folder = _local_path(self.root) / rel
-            return sorted(f.name for f in folder.iterdir() if f.is_file()) if folder.is_dir() else []
+            return {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()} if folder.is_dir() else {}
         import pyarrow.fs as pafs
 
         fs, base = pafs.FileSystem.from_uri(self.root)
         infos = fs.get_file_info(pafs.FileSelector(f"{base}/{rel}", allow_not_found=True))
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+        return {i.base_name: i.size for i in infos if i.type == pafs.FileType.File}
 
     def _write_info(self) -> None:
         self.write_meta(INFO_PATH, (LakeInfo.current() if self.info is None else self.info).to_json())
@@ -449,7 +449,7 @@ class Lake:
     def checkpoints(self, name: str) -> dict[int, list[str]]:
         """Table ``name``'s Delta checkpoints: version -> the log's files of it (one, or the parts of one)."""
         out: dict[int, list[str]] = {}
-        for f in self._list(f"{name}/_delta_log"):
+        for f in sorted(self.list_files(f"{name}/_delta_log")):
             m = DELTA_CHECKPOINT.fullmatch(f)
             if m:
                 out.setdefault(int(m.group(1)), []).append(f)

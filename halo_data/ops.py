@@ -31,14 +31,16 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- stats
 def stats(lake: Lake) -> list[dict[str, Any]]:
-    """Rows, files, bytes and version of every table."""
+    """Rows, files, bytes and version of every table, and the bytes of its Delta log (commits and checkpoints:
+    ``vacuum`` deletes the checkpoints reads no longer start from)."""
     out = []
     for name in S.TABLES:
         dtab = lake.table(name)
         actions = pa.table(dtab.get_add_actions(flatten=True))
         rows = sum(v or 0 for v in actions.column("num_records").to_pylist()) if actions.num_rows else 0
         size = sum(actions.column("size_bytes").to_pylist()) if actions.num_rows else 0
-        out.append({"table": name, "rows": rows, "files": actions.num_rows, "bytes": size, "version": dtab.version()})
+        out.append({"table": name, "rows": rows, "files": actions.num_rows, "bytes": size, "version": dtab.version(),
+                    "log_bytes": sum(lake.list_files(f"{name}/_delta_log").values())})
     return out
 
 

@@ -320,8 +320,11 @@ def test_stats(shared_lake):
         ("runs", 2, 1, 1), ("steps", 3, 3, 3), ("screenshots", 0, 0, 0), ("candidates", 0, 0, 0),
         ("mcts_nodes", 0, 0, 0), ("train_metrics", 0, 0, 0)]
     assert all(r["bytes"] > 0 for r in rows if r["files"])
+    assert {r["table"]: r["log_bytes"] for r in rows} == {
+        r["table"]: sum(f.stat().st_size for f in (Path(shared_lake.root) / r["table"] / "_delta_log").iterdir())
+        for r in rows}
     table = ok("stats", "--lake", shared_lake.root).splitlines()
-    assert table[0].split() == ["table", "rows", "files", "bytes", "version"]
+    assert table[0].split() == ["table", "rows", "files", "bytes", "version", "log_bytes"]
     assert table[2].split()[:3] == ["runs", "2", "1"]
 
 
@@ -346,12 +349,15 @@ def test_vacuum_deletes_the_delta_checkpoints_reads_no_longer_start_from(lake):
                  "attempt_idx": 0, "success": False, "mode": "random"},
                 [{"prompt": PROMPT, "model_output": "noop()", "action": "noop()", "action_valid": True}])
     assert sorted(lake.checkpoints("steps")) == [9, 19]  # after each 10th commit
+    log_bytes = {r["table"]: r["log_bytes"] for r in json.loads(ok("stats", "--lake", lake.root, "--json"))}
     sql = "select count(*) as n from steps"
     before = {v: ok(sql, "--lake", lake.root, "--as-of", f"steps={v}", "--nl") for v in (5, 9, 15, 24)}
     assert ok("vacuum", "--lake", lake.root, "--dry-run") == "would delete 0 files\n"  # all within 168 h
     assert ok("vacuum", "--lake", lake.root, "--retention-hours", "0") == (
         "deleted 1 files (1 of them superseded Delta checkpoints)\n")
     assert sorted(lake.checkpoints("steps")) == [19]
+    after = {r["table"]: r["log_bytes"] for r in json.loads(ok("stats", "--lake", lake.root, "--json"))}
+    assert after["steps"] < log_bytes["steps"] and {**after, "steps": 0} == {**log_bytes, "steps": 0}
     assert {v: ok(sql, "--lake", lake.root, "--as-of", f"steps={v}", "--nl") for v in before} == before
     assert ok("validate", "--lake", lake.root, "--all-versions") == "lake is valid\n"
 

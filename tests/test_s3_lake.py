@@ -134,10 +134,13 @@ def test_vacuum_deletes_files_and_superseded_checkpoints_from_the_bucket(s3_lake
     for i in range(19):  # runs: a checkpoint after its 10th and 20th commits
         lake.upsert_runs([{"run_id": "r1", "kind": "rollout", "policy_version": f"v{i}"}])
     assert sorted(lake.checkpoints("runs")) == [9, 19]
+    log_bytes = {r["table"]: r["log_bytes"] for r in json.loads(cli("stats", "--lake", s3_lake, "--json"))}
+    assert log_bytes["runs"] == sum(len(v) for k, v in bucket_objects(s3_lake).items() if "/runs/_delta_log/" in k)
     cli("compact", "--lake", s3_lake)
     assert cli("vacuum", "--lake", s3_lake, "--retention-hours", "0") == (
         "deleted 21 files (1 of them superseded Delta checkpoints)\n")  # and the data files merges and compact replaced
     assert sorted(lake.checkpoints("runs")) == [19]
+    assert json.loads(cli("stats", "--lake", s3_lake, "--json"))[0]["log_bytes"] < log_bytes["runs"]
     assert not [k for k in bucket_objects(s3_lake) if k.endswith("00000000000000000009.checkpoint.parquet")]
     out = cli("query", "--lake", s3_lake, "--json", "select count(*) as n, any_value(policy_version) as v from runs")
     assert json.loads(out) == [{"n": 1, "v": "v18"}]
