@@ -298,8 +298,17 @@ def test_one_run_or_pack_holds_a_root_at_a_time_until_its_process_ends(tmp_path,
     proto, root = tiny_protocol(tmp_path / "tiny.yaml"), tmp_path / "root"
     cli = CliRunner()
     assert cli.invoke(main, ["experiment", "register", str(proto), "--root", str(root)]).exit_code == 0
-    holding = ("import sys, time; from halo_train.experiment.record import holding\n"
+    holding = ("import signal, sys, time; from halo_train.experiment.record import holding\n"
+               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as `experiment run` does\n"
                "with holding(sys.argv[1], 'run'):\n    print('held', flush=True); time.sleep(120)")
+    stop = ["experiment", "stop", str(proto), "--root", str(root)]
+    assert cli.invoke(main, stop).output == f"nothing holds {root}: nothing to stop\n"
+    proc = subprocess.Popen([sys.executable, "-c", holding, str(root)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    out = cli.invoke(main, stop)
+    assert out.exit_code == 0 and out.output.startswith(f"stopped `experiment run` (pid {proc.pid}, since "), out.output
+    assert proc.wait(10) == 143 and holder(root) is None
+
     proc = subprocess.Popen([sys.executable, "-c", holding, str(root)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "held\n"

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from halo_data.cli_support import CONTEXT_SETTINGS, run_cli, short_openmp_spin
-from halo_train.experiment.record import holder, holding
+from halo_train.experiment.record import ExperimentError, holder, holding
 
 ROOT_HELP = "Where the lake, adapters, logs and records go (default: runs/NAME beside the working directory)."
 
@@ -122,6 +124,33 @@ def status_command(protocol: str, root: str | None) -> None:
     held = holder(runner.root)
     click.echo(f"now: `experiment {held.get('command', '?')}` is running (pid {held.get('pid', '?')}, since "
                f"{held.get('since', '?')})" if held is not None else "now: no `experiment run` or `pack` holds this root")
+
+
+@experiment.command("stop")
+@protocol_argument
+@root_option
+@click.option("--timeout", type=click.IntRange(min=1), default=120, show_default=True,
+              help="Seconds to wait for the runner to let go of the root.")
+@run_cli
+def stop_command(protocol: str, root: str | None, timeout: int) -> None:
+    """Stop the `run` that holds the root, as Ctrl-C would (SIGTERM: its running stage stops with it), and wait until
+    it has let go; the next `run` goes on from where it stopped."""
+    runner = _setup(protocol, root)
+    held = holder(runner.root)
+    if held is None:
+        click.echo(f"nothing holds {runner.root}: nothing to stop")
+        return
+    if held.get("command") != "run" or not isinstance(held.get("pid"), int):
+        raise ExperimentError(f"{runner.root} is held by `experiment {held.get('command', '?')}` (pid "
+                              f"{held.get('pid', '?')}): let it finish")
+    os.kill(held["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while holder(runner.root) is not None:
+        if time.monotonic() > deadline:
+            raise ExperimentError(f"`experiment run` (pid {held['pid']}) still holds {runner.root} after {timeout} s")
+        time.sleep(0.5)
+    click.echo(f"stopped `experiment run` (pid {held['pid']}, since {held.get('since', '?')}); `halo-train experiment "
+               f"run` goes on from where it stopped")
 
 
 @experiment.command("pack")
