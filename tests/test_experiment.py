@@ -274,6 +274,7 @@ def test_the_cli_registers_and_reports_status_and_refuses_bad_input(tmp_path, mo
     cli = CliRunner()
     out = cli.invoke(main, ["experiment", "run", str(proto), "--root", str(tmp_path / "root")])
     assert out.exit_code == 1 and "Error: tiny-exp is not registered" in out.output
+    assert not (tmp_path / "root").exists()  # a refused run leaves nothing behind
     out = cli.invoke(main, ["experiment", "register", str(proto), "--root", str(tmp_path / "root")])
     assert out.exit_code == 0 and "registered tiny-exp" in out.output, out.output
     out = cli.invoke(main, ["experiment", "status", str(proto), "--root", str(tmp_path / "root")])

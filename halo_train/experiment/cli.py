@@ -88,7 +88,8 @@ def run_command(protocol: str, root: str | None, arms: str | None, seeds: str | 
     # SIGTERM (kill PID) ends the runner as Ctrl-C would: the running stage and the engine stop on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     _logging()
-    with contextlib.nullcontext() if dry_run else holding(runner.root, "run"):  # one runner per root
+    # One runner per root; a root that does not exist holds no registration, and `run` says so.
+    with holding(runner.root, "run") if runner.root.exists() and not dry_run else contextlib.nullcontext():
         runner.run(arms=arms.split(",") if arms else None, seeds=[int(s) for s in seeds.split(",")] if seeds else None)
 
 

@@ -208,12 +208,11 @@ def holder(root: str | Path) -> dict[str, Any] | None:
 def holding(root: str | Path, command: str) -> Iterator[None]:
     """Hold ``root`` for ``command`` (``run``, ``pack``): one of them at a time, so that two runners never start the
     same stage and a pack never copies a root being written. The lock is the kernel's (``flock``), so it ends with
-    the process however it ends, kill -9 included; stages' child processes do not inherit it."""
+    the process however it ends, kill -9 included; stages' child processes do not inherit it. ``root`` exists."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        for attempt in range(2):  # a `status` checking the lock holds it for a moment
+        for _ in range(2):  # a `status` checking the lock holds it for a moment
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
