@@ -388,7 +388,7 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     assert "| test_seeds | navigate-tree | 40 | 4.9 | 4.9 | 40/40 |" in text
 
 
-def test_an_expert_iteration_rounds_job_is_named_by_its_arm_seed_and_round(tmp_path):
+def test_an_offline_job_is_named_by_its_arm_seed_and_round_and_one_stopped_before_its_first_step_is_left_out(tmp_path):
     from halo_train.experiment.export import offline_training
 
     class State:
@@ -406,6 +406,15 @@ def test_an_expert_iteration_rounds_job_is_named_by_its_arm_seed_and_round(tmp_p
             {"run_id": "train-dpo-1", "job_type": "dpo", "output_dir": str(tmp_path / "adapters" / "dpo-s0"), "source_view": "dpo_pairs"}]
     got = [(j["arm"], j["training_seed"], j["round"], j["rows"]) for j in offline_training(Runner_(), jobs)["offline_jobs"]]
     assert got == [("bc_filtered", 1, 2, 731), ("dpo", 0, None, None)]
+
+    class Logged(State):  # train-dpo-3 logged its steps; train-dpo-2, in the same folder, was stopped before its first
+        def query(self, sql, params=None, **_):
+            return [{"metric": "loss", "step": 1, "value": 0.69}] if params and params.get("r") == "train-dpo-3" else []
+
+    Runner_.state = Logged()
+    dpo = {"job_type": "dpo", "output_dir": str(tmp_path / "adapters" / "dpo-s0"), "source_view": "dpo_pairs"}
+    got = offline_training(Runner_(), [{**dpo, "run_id": "train-dpo-2"}, {**dpo, "run_id": "train-dpo-3"}])["offline_jobs"]
+    assert [(j["arm"], j["logged_steps"], j["first"]) for j in got] == [("dpo", 1, {"loss": 0.69})]
 
 
 def test_the_screen_compares_dev_pages_with_every_train_seed_the_plan_uses_unless_told_a_number(tmp_path):

@@ -268,6 +268,7 @@ def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
             samples[f"s{seed}"] = {r["task_id"]: {"episodes": int(r["episodes"]), "successes": int(r["successes"])}
                                    for r in rows}
     offline = []
+    folders = [str(j["output_dir"]) for j in jobs]
     for job in jobs:
         if job["job_type"] not in OFFLINE_SIGNALS:
             continue
@@ -286,6 +287,8 @@ def offline_training(runner, jobs: list[dict[str, Any]]) -> dict[str, Any]:
         by_metric: dict[str, list[float]] = {}
         for m in metrics:
             by_metric.setdefault(m["metric"], []).append(float(m["value"]))
+        if not by_metric and folders.count(str(job["output_dir"])) > 1:
+            continue  # stopped before its first step: the job that went on in its folder logged every step
         offline.append({
             "arm": arm, "training_seed": int(seed) if seed.isdigit() else seed, "round": round_, "job_type": job["job_type"],
             "source": job["source_view"], "rows": stats.get("rows"), "epochs": stats.get("epoch"),
