@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 STATS_FILE = "training_stats.json"
 FINAL_DIR = "final"
+TRL_REF_ADAPTER = "ref"  # the adapter TRL's DPOTrainer adds to a PEFT model as its reference
 # halo-agent eval modes (halo_agent/configs/modes.yaml) that request an adapter by its served name.
 EVAL_MODES = {"qwen_worker_bc", "qwen_worker_dpo", "qwen3vl_bc", "qwen3vl_dpo", "qwen3vl_grpo"}
 
@@ -296,7 +297,9 @@ def run_job(cfg: TrainConfig, spec: JobSpec) -> TrainResult:
             record(status=status, ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version)
     final = output_dir / FINAL_DIR
     if main:
-        trainer.model.save_pretrained(final)
+        # TRL's DPO copies the starting adapter as "ref" (its reference policy); the final adapter is the trained one.
+        trained = [name for name in getattr(trainer.model, "peft_config", {}) if name != TRL_REF_ADAPTER]
+        trainer.model.save_pretrained(final, **({"selected_adapters": trained} if trained else {}))
         tokenizer.save_pretrained(final)
         (final / STATS_FILE).write_text(json.dumps(describe(state), indent=2, default=str))
     record(status="finished", ended_at=dt.datetime.now(dt.timezone.utc), policy_version=policy_version)

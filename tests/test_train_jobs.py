@@ -156,6 +156,7 @@ def test_dpo_trains_with_trl_metrics(workspace):
     result = train_dpo(DPOConfig(lake=workspace["lake"], base_model=workspace["model"], output_dir=str(out), max_steps=2, lr=1e-3, **FAST))
     assert result.global_step == 2 and result.rows == 4
     check_adapter(result.final_adapter, workspace["model"])
+    assert not (result.final_adapter / "ref").exists()  # TRL's copy of the starting adapter stays out of the final one
     names = {m["metric"] for m in metrics_of(workspace["lake"], result.run_id)}
     assert {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "tokens_per_second"} <= names
     assert run_row(workspace["lake"], result.run_id)["source_view"] == "dpo_pairs"
