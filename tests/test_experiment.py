@@ -540,10 +540,18 @@ def test_status_shows_an_online_runs_iterations_and_the_episodes_of_the_whole_pl
     p = load("learning-v2")
     root = tmp_path / "root"
     its = int(p.hyperparameters["online_grpo"]["iterations"])
-    Lake.init(root / "lake").upsert_runs([{"run_id": p.online_run(0, "online_grpo"), "kind": "online",
-                                           "config": json.dumps({"iterations": [{"iteration": i} for i in range(3)]})}])
+    lake = Lake.init(root / "lake")
+    lake.upsert_runs([{"run_id": p.online_run(0, "online_grpo"), "kind": "online",
+                       "config": json.dumps({"iterations": [{"iteration": i} for i in range(3)]})}])
+    done = [{"iteration": i, "metrics": {"success_rate/train": 0.25 + i / 8, "rows_trained": 100 + i,
+                                         "displacement_from_previous": 0.02, "iteration_seconds": 120 + 60 * i}}
+            for i in range(2)]
+    lake.upsert_runs([{"run_id": p.online_run(0, "online_gigpo"), "kind": "online",
+                       "config": json.dumps({"iterations": done})}])
     rows = {r.stage: r for r in Runner(p, root, dry_run=True).status()}
     assert str(rows["train online_grpo s0"]) == f"3/{its} iterations" and (rows["train online_grpo s1"].there, rows["train online_grpo s1"].planned) == (0, its)
+    assert str(rows["train online_gigpo s0"]) == (  # the last iteration, and the rest at 150 s each
+        f"2/{its} iterations (last: sampled success 38%, 101 rows trained, moved 0.0200, about {(its - 2) * 150 // 60} min left)")
     assert str(rows["train bc_filtered s0"]) == "not done" and str(rows["lv2-sample-s0"]) == f"0/{p.sample_episodes}"
     out = CliRunner().invoke(main, ["experiment", "status", str(REPO / "bench" / "protocols" / "learning-v2.yaml"),
                                     "--root", str(root)])

@@ -61,6 +61,7 @@ class StageStatus:
     there: int
     planned: int
     unit: str = "episodes"  # "episodes", "iterations" or "job"
+    note: str = ""  # what the last iteration of an online run still going did
 
     @property
     def done(self) -> bool:
@@ -69,7 +70,26 @@ class StageStatus:
     def __str__(self) -> str:
         if self.unit == "job" or (self.unit == "iterations" and self.done):
             return "done" if self.done else "not done"
-        return f"{self.there}/{self.planned}" + (" iterations" if self.unit == "iterations" else "")
+        return (f"{self.there}/{self.planned}" + (" iterations" if self.unit == "iterations" else "")
+                + (f" ({self.note})" if self.note else ""))
+
+
+def iterations_note(its: list[dict[str, Any]], planned: int) -> str:
+    """An online run's last iteration, and the time its remaining ones take at the pace of those recorded."""
+    if not its or len(its) >= planned:
+        return ""
+    m = its[-1].get("metrics") or {}
+    parts = []
+    if "success_rate/train" in m:
+        parts.append(f"last: sampled success {100 * m['success_rate/train']:.0f}%")
+    if "rows_trained" in m:
+        parts.append(f"{m['rows_trained']:.0f} rows trained")
+    if "displacement_from_previous" in m:
+        parts.append(f"moved {m['displacement_from_previous']:.4f}")
+    seconds = [it["metrics"]["iteration_seconds"] for it in its if "iteration_seconds" in (it.get("metrics") or {})]
+    if seconds:
+        parts.append(f"about {sum(seconds) / len(seconds) * (planned - len(its)) / 60:.0f} min left")
+    return ", ".join(parts)
 
 
 class Runner:
@@ -443,7 +463,8 @@ class Runner:
                     if self.p.method(arm) == "online":  # how far its iterations are
                         its = self.state.online_iterations(self.p.online_run(seed, arm))
                         total = int(self.p.hyperparameters[arm]["iterations"])
-                        stages.append(StageStatus(f"train {arm} s{seed}", min(len(its), total), total, "iterations"))
+                        stages.append(StageStatus(f"train {arm} s{seed}", min(len(its), total), total, "iterations",
+                                                  iterations_note(its, total)))
                     else:
                         stages.append(StageStatus(f"train {arm} s{seed}", int(self.final_adapter(arm, seed) is not None), 1, "job"))
                     stages += [(self.p.round_run(arm, seed, r), self.p.round_episodes(arm)) for r in range(self.p.rounds(arm))]
