@@ -553,6 +553,13 @@ def test_status_shows_an_online_runs_iterations_and_the_episodes_of_the_whole_pl
     assert str(rows["train online_gigpo s0"]) == (  # the last iteration, and the rest at 150 s each
         f"2/{its} iterations (last: sampled success 38%, 101 rows trained, moved 0.0200, about {(its - 2) * 150 // 60} min left)")
     assert str(rows["train bc_filtered s0"]) == "not done" and str(rows["lv2-sample-s0"]) == f"0/{p.sample_episodes}"
+    for folder in ("dpo-s0/checkpoint-8", "dpo-s0/checkpoint-12", "bc_filtered-s1/round-0/final",
+                   "bc_filtered-s1/round-1/checkpoint-4"):
+        (root / "adapters" / folder).mkdir(parents=True)
+    (root / "adapters/bc_filtered-s1/round-0/final/adapter_config.json").write_text("{}")
+    rows = {r.stage: r for r in Runner(p, root, dry_run=True).status()}
+    assert str(rows["train dpo s0"]) == "not done (checkpoint at step 12 of 64)"
+    assert str(rows["train bc_filtered s1"]) == "not done (round 1: checkpoint at step 4 of 48)"
     out = CliRunner().invoke(main, ["experiment", "status", str(REPO / "bench" / "protocols" / "learning-v2.yaml"),
                                     "--root", str(root)])
     planned = sum(r.planned for r in rows.values() if r.unit == "episodes")

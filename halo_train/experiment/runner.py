@@ -69,9 +69,10 @@ class StageStatus:
 
     def __str__(self) -> str:
         if self.unit == "job" or (self.unit == "iterations" and self.done):
-            return "done" if self.done else "not done"
-        return (f"{self.there}/{self.planned}" + (" iterations" if self.unit == "iterations" else "")
-                + (f" ({self.note})" if self.note else ""))
+            text = "done" if self.done else "not done"
+        else:
+            text = f"{self.there}/{self.planned}" + (" iterations" if self.unit == "iterations" else "")
+        return text + (f" ({self.note})" if self.note else "")
 
 
 def iterations_note(its: list[dict[str, Any]], planned: int) -> str:
@@ -156,6 +157,23 @@ class Runner:
         return self._count(sql[self.p.method(arm)], [self.p.sample_run(seed)]) == 0
 
     # ------------------------------------------------------------------ expert iteration's rounds
+    def job_note(self, arm: str, seed: int) -> str:
+        """How far an offline arm's training job is: its last checkpoint's step (of a round, for expert iteration)."""
+        folder = self.adapter_dir(arm, seed)
+        if self.p.method(arm) == "expert_iteration":
+            rounds = [r for r in range(self.p.rounds(arm)) if self.round_dir(arm, seed, r).is_dir()]
+            if not rounds:
+                return ""
+            folder = self.round_dir(arm, seed, rounds[-1])
+            if (folder / "final" / "adapter_config.json").exists():
+                return f"round {rounds[-1]} trained"
+        steps = [int(c.name.split("-")[1]) for c in folder.glob("checkpoint-*") if c.name.split("-")[1].isdigit()]
+        if not steps:
+            return ""
+        total = self.p.hyperparameters.get(arm, {}).get("max_steps")
+        where = f"round {folder.name.removeprefix('round-')}: " if folder.name.startswith("round-") else ""
+        return f"{where}checkpoint at step {max(steps)}" + (f" of {total}" if total else "")
+
     def round_dir(self, arm: str, seed: int, r: int) -> Path:
         return self.adapter_dir(arm, seed) / f"round-{r}"
 
@@ -466,7 +484,9 @@ class Runner:
                         stages.append(StageStatus(f"train {arm} s{seed}", min(len(its), total), total, "iterations",
                                                   iterations_note(its, total)))
                     else:
-                        stages.append(StageStatus(f"train {arm} s{seed}", int(self.final_adapter(arm, seed) is not None), 1, "job"))
+                        done = self.final_adapter(arm, seed) is not None
+                        stages.append(StageStatus(f"train {arm} s{seed}", int(done), 1, "job",
+                                                  "" if done else self.job_note(arm, seed)))
                     stages += [(self.p.round_run(arm, seed, r), self.p.round_episodes(arm)) for r in range(self.p.rounds(arm))]
                 stages += [(cell.run_id, cell.episodes) for cell in self.p.eval_cells(arm, seed)]
         if any(self.p.method(a) in ("bc", "dpo") for a in self.p.trained_arms()):
