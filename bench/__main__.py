@@ -29,6 +29,7 @@ COMMANDS = {
     "element-descriptions-online": ("bench.element_descriptions_online", "online GRPO with and without the descriptions of unnamed elements, then the test seeds"),
     "miniwob-settle": ("bench.miniwob_settle", "MiniWoB++ episodes answered at once and slowly: the settle wait after each action against none"),
     "view-order": ("bench.view_order", "a training read's one row order (ORDER BY ALL) against DuckDB's own, lake-wide and run-scoped, as the lake grows"),
+    "delta-log": ("bench.delta_log", "a table's Delta log as commits add up (checkpoints, commits), and what vacuum keeps: bytes and open seconds"),
     "lake-growth": ("bench.lake_growth", "an online iteration's reads, query cold start and dashboard as the lake grows to 5M steps"),
 }
 
