@@ -75,6 +75,15 @@ class StageStatus:
         return text + (f" ({self.note})" if self.note else "")
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[1])
+
+
+def last_checkpoint(job: Path) -> Path | None:
+    """A training job's newest ``checkpoint-N`` folder, the one ``--resume-from`` takes; None before its first."""
+    return max(job.glob("checkpoint-*"), key=checkpoint_step, default=None)
+
+
 def iterations_note(its: list[dict[str, Any]], planned: int) -> str:
     """An online run's last iteration, and the time its remaining ones take at the pace of those recorded."""
     if not its or len(its) >= planned:
@@ -156,9 +165,9 @@ class Runner:
                "dpo": "select count(*) AS n from dpo_pairs where list_contains($r, run_id) and source = 'episodes'"}
         return self._count(sql[self.p.method(arm)], [self.p.sample_run(seed)]) == 0
 
-    # ------------------------------------------------------------------ expert iteration's rounds
     def job_note(self, arm: str, seed: int) -> str:
-        """How far an offline arm's training job is: its last checkpoint's step (of a round, for expert iteration)."""
+        """How far an offline arm's training job is: the step of the checkpoint `run` resumes it from (of a round, for
+        expert iteration)."""
         folder = self.adapter_dir(arm, seed)
         if self.p.method(arm) == "expert_iteration":
             rounds = [r for r in range(self.p.rounds(arm)) if self.round_dir(arm, seed, r).is_dir()]
@@ -167,13 +176,14 @@ class Runner:
             folder = self.round_dir(arm, seed, rounds[-1])
             if (folder / "final" / "adapter_config.json").exists():
                 return f"round {rounds[-1]} trained"
-        steps = [int(c.name.split("-")[1]) for c in folder.glob("checkpoint-*") if c.name.split("-")[1].isdigit()]
-        if not steps:
+        checkpoint = last_checkpoint(folder)
+        if checkpoint is None:
             return ""
         total = self.p.hyperparameters.get(arm, {}).get("max_steps")
         where = f"round {folder.name.removeprefix('round-')}: " if folder.name.startswith("round-") else ""
-        return f"{where}checkpoint at step {max(steps)}" + (f" of {total}" if total else "")
+        return f"{where}checkpoint at step {checkpoint_step(checkpoint)}" + (f" of {total}" if total else "")
 
+    # ------------------------------------------------------------------ expert iteration's rounds
     def round_dir(self, arm: str, seed: int, r: int) -> Path:
         return self.adapter_dir(arm, seed) / f"round-{r}"
 
@@ -320,9 +330,9 @@ class Runner:
         argv = [str(BIN / "halo-train"), job, "--lake", str(self.lake), "--base-model", self.base_model,
                 "--output-dir", str(out), "--seed", str(seed), "--lora-r", str(lora["r"]), "--lora-alpha", str(lora["alpha"]),
                 "--adapter-name", arm, "--save-steps", "4", *extra]
-        checkpoints = sorted(out.glob("checkpoint-*"), key=lambda c: int(c.name.rsplit("-", 1)[1]))
-        if checkpoints:
-            argv += ["--resume-from", str(checkpoints[-1])]
+        checkpoint = last_checkpoint(out)
+        if checkpoint is not None:
+            argv += ["--resume-from", str(checkpoint)]
         self._call(argv, out.relative_to(self.root / "adapters").as_posix().replace("/", "-"),
                    {"kind": "train", "arm": arm, "seed": seed})
 
