@@ -11,11 +11,17 @@ measures, side by side in one run: the data's bytes and the log's (checkpoints a
 the lake vacuumed with ``--retention-hours 0``, the log's bytes, and the seconds to open ``steps`` at its latest
 version and at the version halfway (the vacuumed copy replays the commits before it from the start), each the
 median of ``--repeats`` opens in alternation, with the rows each reads (the same both ways, or the run fails).
+
+Beside it, the same episodes go to a second lake written with min/max statistics of every column but the long
+texts, as HALO wrote ``steps`` before its ``UNFILTERED_COLUMNS`` (goal, URL, the screenshot hashes): its log's
+bytes, and the seconds to open its latest version, alternating with the first lake's opens.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import shutil
 import statistics
 import sys
@@ -50,21 +56,40 @@ def open_seconds(uri: str, version: int | None) -> tuple[float, int]:
     return seconds, sum(actions.column("num_records").to_pylist())
 
 
+@contextlib.contextmanager
+def every_statistic():
+    """HALO's writer as it was before ``UNFILTERED_COLUMNS``: min/max of every column but the long texts."""
+    from halo_data import lake as lake_module
+
+    kept = dict(lake_module.UNFILTERED_COLUMNS)
+    lake_module.UNFILTERED_COLUMNS.clear()
+    try:
+        yield
+    finally:
+        lake_module.UNFILTERED_COLUMNS.update(kept)
+
+
 def append_episodes(lake, start: int, stop: int) -> None:
-    """One episode of one step per commit, as a rollout's writer flushes them."""
+    """One episode of one step per commit, as a rollout's writer flushes them, with a MiniWoB step's goal, URL and
+    screenshot hashes."""
     from halo_data.writer import EpisodeWriter
 
     with EpisodeWriter(lake, flush_episodes=1) as writer:
         for i in range(start, stop):
+            shots = [hashlib.sha256(f"{i}/{k}".encode()).hexdigest() for k in (0, 1)]
             writer.write_episode(
                 {"run_id": f"delta-log-{i // 100}", "env": "miniwob", "task_id": "miniwob.click-test", "site": "miniwob",
                  "task_seed": i, "attempt_idx": 0, "success": i % 3 == 0, "mode": "random"},
                 [{"prompt": f"[{i}] click the button", "model_output": "click('4')", "action": "click('4')",
-                  "action_valid": True, "r_success": float(i % 3 == 0)}])
+                  "action_valid": True, "r_success": float(i % 3 == 0),
+                  "goal": f"Select {i % 7 + 1} of the items below whose label starts with '{chr(97 + i % 26)}', then Submit.",
+                  "url": f"file:///opt/halo/miniwob/html/miniwob/click-test.html?seed={i}",
+                  "screenshot_hash": shots[0], "screenshot_after_hash": shots[1]}])
 
 
-def measure(table_dir: Path, work: Path, repeats: int) -> dict[str, Any]:
-    """The log before and after vacuum, and the opens of both copies, alternating."""
+def measure(table_dir: Path, work: Path, repeats: int, every_stat_dir: Path) -> dict[str, Any]:
+    """The log before and after vacuum, and the opens of both copies and of the lake written with every column's
+    statistics (at its latest version), alternating."""
     from halo_data.lake import Lake
     from halo_data.ops import vacuum
 
@@ -76,18 +101,20 @@ def measure(table_dir: Path, work: Path, repeats: int) -> dict[str, Any]:
     version = Lake.open(str(lake_dir)).table("steps").version()
     halfway = version // 2
     opens: dict[str, dict[str, list[float]]] = {"kept": {"latest": [], "halfway": []},
-                                                 "vacuumed": {"latest": [], "halfway": []}}
-    rows: dict[str, dict[str, int]] = {"kept": {}, "vacuumed": {}}
+                                                 "vacuumed": {"latest": [], "halfway": []}, "every_statistic": {"latest": []}}
+    rows: dict[str, dict[str, int]] = {"kept": {}, "vacuumed": {}, "every_statistic": {}}
     for _ in range(repeats):
-        for name, root in (("kept", lake_dir), ("vacuumed", copy)):
+        for name, root in (("kept", lake_dir), ("vacuumed", copy), ("every_statistic", every_stat_dir.parent)):
             for which, at in (("latest", None), ("halfway", halfway)):
-                seconds, n = open_seconds(str(root / "steps"), at)
-                opens[name][which].append(seconds)
-                rows[name][which] = n
-    if rows["kept"] != rows["vacuumed"]:
-        raise RuntimeError(f"the vacuumed copy reads other rows: {rows}")
+                if which in opens[name]:
+                    seconds, n = open_seconds(str(root / "steps"), at)
+                    opens[name][which].append(seconds)
+                    rows[name][which] = n
+    if rows["kept"] != rows["vacuumed"] or rows["every_statistic"]["latest"] != rows["kept"]["latest"]:
+        raise RuntimeError(f"the copies read other rows: {rows}")
     return {"version": version, "halfway": halfway, "rows": rows["kept"], "data_bytes": data_bytes(table_dir),
-            "log": log_bytes(table_dir), "log_vacuumed": log_bytes(copy / "steps"), "open_seconds": opens}
+            "log": log_bytes(table_dir), "log_vacuumed": log_bytes(copy / "steps"), "open_seconds": opens,
+            "log_every_statistic": log_bytes(every_stat_dir), "data_bytes_every_statistic": data_bytes(every_stat_dir)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,20 +134,27 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     lake = Lake.init(str(work / "lake"))
+    every_stat = Lake.init(str(work / "every-statistic"))
     out: dict[str, Any] = {}
     done = 0
     for size in sizes:
         t = time.perf_counter()
         append_episodes(lake, done, size)
+        append_seconds = time.perf_counter() - t
+        with every_statistic():
+            append_episodes(every_stat, done, size)
         done = size
-        cell = measure(work / "lake" / "steps", work, args.repeats)
-        cell["append_seconds"] = time.perf_counter() - t
+        cell = measure(work / "lake" / "steps", work, args.repeats, work / "every-statistic" / "steps")
+        cell["append_seconds"] = append_seconds
         out[str(size)] = cell
         med = {n: {w: statistics.median(v) for w, v in o.items()} for n, o in cell["open_seconds"].items()}
+        every = cell["log_every_statistic"]
         print(f"{size} commits: data {cell['data_bytes'] / 2**20:.2f} MiB, log {cell['log']['checkpoints'] / 2**20:.2f} MiB "
               f"of checkpoints + {cell['log']['commits'] / 2**20:.2f} MiB of commits; vacuumed "
               f"{cell['log_vacuumed']['checkpoints'] / 2**20:.2f} + {cell['log_vacuumed']['commits'] / 2**20:.2f} MiB; "
               f"open latest {med['kept']['latest']:.3f} s / {med['vacuumed']['latest']:.3f} s, version {cell['halfway']} "
-              f"{med['kept']['halfway']:.3f} s / {med['vacuumed']['halfway']:.3f} s (kept / vacuumed)", flush=True)
+              f"{med['kept']['halfway']:.3f} s / {med['vacuumed']['halfway']:.3f} s (kept / vacuumed); with every "
+              f"column's statistics: log {every['checkpoints'] / 2**20:.2f} + {every['commits'] / 2**20:.2f} MiB, "
+              f"open latest {med['every_statistic']['latest']:.3f} s", flush=True)
     path = save("delta-log", {"sizes": out, "repeats": args.repeats}, argv)
     print(f"results: {path}")

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from halo_data.lake import LONG_TEXT_COLUMNS, MAX_COMMIT_RETRIES, RUN_ROW_GROUP_ROWS, Lake, LakeError
+from halo_data.lake import LONG_TEXT_COLUMNS, MAX_COMMIT_RETRIES, RUN_ROW_GROUP_ROWS, Lake, LakeError, unindexed_columns
 
 # A file is closed once this many bytes are written, as delta-rs's compaction target.
 TARGET_FILE_BYTES = 100 * 1024 * 1024
@@ -39,9 +39,10 @@ class _RollingWriter:
     def __init__(self, fs: pafs.FileSystem, table_path: str, name: str, partition: dict[str, str], schema: pa.Schema):
         self.fs, self.table_path, self.partition, self.schema = fs, table_path, partition, schema
         plain = set(LONG_TEXT_COLUMNS.get(name, ()))
+        unindexed = unindexed_columns(name)
         self.options = {"compression": "zstd", "compression_level": 3, "data_page_version": "2.0",
                         "use_dictionary": [c for c in schema.names if c not in plain],
-                        "write_statistics": [c for c in schema.names if c not in plain]}
+                        "write_statistics": [c for c in schema.names if c not in unindexed]}
         self.written: list[tuple[str, dict[str, str]]] = []
         self._writer: pq.ParquetWriter | None = None
         self._sink: Any = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -146,6 +147,41 @@ def test_steps_per_run_counts_from_the_log_in_either_layout(tmp_path):
     assert steps_per_run(lake).to_pylist() == expected   # the packed file's run_id column, counted
 
 
+def min_max_columns(lake: Lake, table: str) -> set[str]:
+    """The columns some file of ``table`` has min/max statistics for in the Delta log."""
+    actions = pa.table(lake.table(table).get_add_actions(flatten=True))
+    return {name.removeprefix("min.") for name in actions.column_names
+            if name.startswith("min.") and actions.column(name).null_count < actions.num_rows}
+
+
+def test_the_log_holds_statistics_only_of_columns_reads_filter_on(tmp_path):
+    from halo_data.lake import LONG_TEXT_COLUMNS, UNFILTERED_COLUMNS
+    from halo_data.ops import compact
+
+    lake = Lake.init(tmp_path / "lake")
+    for run in ("a", "b"):
+        with EpisodeWriter(lake) as writer:
+            fields, steps = one_episode(run_id=run)
+            writer.write_episode(fields, [{**s, "goal": "Click the button labelled OK.", "screenshot_hash": "ab" * 32,
+                                           "screenshot_after_hash": "cd" * 32} for s in steps])
+    unindexed = set(LONG_TEXT_COLUMNS["steps"]) | set(UNFILTERED_COLUMNS["steps"])
+    for stage in ("written", "compacted"):
+        stats = min_max_columns(lake, "steps")
+        assert {"run_id", "episode_id", "task_id", "task_seed", "step_idx"} <= stats, stage
+        assert not stats & unindexed, stage
+        if stage == "written":
+            compact(lake)
+    # the columns without statistics keep their dictionary (an episode repeats its goal and URL) and read back whole
+    (path,) = lake.files("steps")
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["goal"] and "RLE_DICTIONARY" in encodings["url"]
+    assert "RLE_DICTIONARY" not in encodings["prompt"]
+    assert lake.query_arrow("select distinct goal, url, screenshot_hash from steps").to_pylist() == [
+        {"goal": "Click the button labelled OK.", "url": "http://x/", "screenshot_hash": "ab" * 32}]
+    assert lake.query_arrow("select count(*) as n from steps where goal like 'Click%'").to_pylist() == [{"n": 4}]
+
+
 def test_init_on_an_older_lake_evolves_the_schema(tmp_path):
     root = tmp_path / "lake"
     make_older_lake(root)
@@ -188,6 +224,7 @@ def test_upgrade_rewrites_an_older_lake_in_the_current_layout(tmp_path):
     for name, spec in S.TABLES.items():
         assert lake.table(name).metadata().partition_columns == list(spec.partition_by), name
     assert lake.query_arrow(every_row).equals(before)
+    assert "run_id" in min_max_columns(lake, "steps") and "url" not in min_max_columns(lake, "steps")
     assert lake.query_arrow("select * from episodes order by episode_id", runs=["new"]).equals(scoped_before)
     assert scoped_before.column("run_id").to_pylist() == ["new", "new"]
     # the snapshot before the rewrite stays readable in its own layout, and the lake takes new runs in the new one

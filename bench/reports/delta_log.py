@@ -12,6 +12,18 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
 
 
+def _every_statistic(cell: dict, med: dict) -> list[str]:
+    """The lake written with every column's statistics beside HALO's: log bytes (checkpoints + commits), their
+    ratio, its open seconds; dashes for runs before it was measured."""
+    every = cell.get("log_every_statistic")
+    if every is None:
+        return ["–", "–", "–"]
+    log = cell["log"]
+    return [f"{_mib(every['checkpoints'])} + {_mib(every['commits'])}",
+            f"{(log['checkpoints'] + log['commits']) / (every['checkpoints'] + every['commits']):.2f}×",
+            f"{med['every_statistic']['latest']:.3f}"]
+
+
 def report(results_dir: pathlib.Path) -> str:
     out = []
     for run in load_runs(results_dir):
@@ -26,10 +38,12 @@ def report(results_dir: pathlib.Path) -> str:
                          f"{_mib(vac['checkpoints'])} ({vac['checkpoint_files']})",
                          f"{med['kept']['latest']:.3f} / {med['vacuumed']['latest']:.3f}",
                          f"{cell['halfway']}: {med['kept']['halfway']:.3f} / {med['vacuumed']['halfway']:.3f}",
-                         f"{med['vacuumed']['halfway'] / med['kept']['halfway']:.1f}×"])
+                         f"{med['vacuumed']['halfway'] / med['kept']['halfway']:.1f}×", *_every_statistic(cell, med)])
         out.append(table(["commits to steps", "data MiB", "checkpoints MiB", "commits MiB", "checkpoints / data",
                           "checkpoints after vacuum MiB", "open latest s, kept / vacuumed",
-                          "open version halfway s, kept / vacuumed", "halfway, vacuumed / kept"], rows)
+                          "open version halfway s, kept / vacuumed", "halfway, vacuumed / kept",
+                          "log MiB with every column's statistics", "log, HALO / every statistic",
+                          "open latest s, every statistic"], rows)
                    + f"\n- `{run['command']}`: {provenance(run)}; median of {run['repeats']} opens each, alternating; "
                      "the same rows both ways\n")
     return "\n".join(out)
