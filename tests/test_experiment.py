@@ -138,6 +138,9 @@ def test_the_export_carries_each_stages_commit_and_the_report_recomputes_from_it
     assert export(runner, tmp_path / "results").startswith("2 evaluation episodes")
     rows = pq.read_table(tmp_path / "results" / "episodes.parquet").to_pylist()
     assert {(r["arm"], r["split"], r["sampling_seed"], r["temperature"]) for r in rows} == {("random", "test_seeds", 0, 1.0)}
+    firsts = runner.state.query("select task_seed, action from steps where run_id = $r and step_idx = 0 order by 1",
+                                {"r": rows[0]["run_id"]})
+    assert [(r["task_seed"], r["first_action"]) for r in rows] == [(f["task_seed"], f["action"]) for f in firsts]
     meta = json.loads((tmp_path / "results" / "meta.json").read_text())
     assert meta["stage_commits"] == [runner.records.current()["commit"]] and meta["registrations"][0]["protocol_sha256"]
     text = report(runner.p, tmp_path / "results")
@@ -352,10 +355,15 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
 
     p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
     rows = [{"arm": arm, "training_seed": 0, "split": "test_seeds", "task_id": task, "task_seed": 250000 + i,
-             "attempt": 0, "success": i < wins, "version": None, "temperature": 1.0, "run_id": f"lv2-eval-{arm}-s0-test_seeds"}
+             "attempt": 0, "success": i < wins, "version": None, "temperature": 1.0, "run_id": f"lv2-eval-{arm}-s0-test_seeds",
+             "first_action": "click('18')" if arm == "zero_shot" or i == 0 else f"click('{20 + i}')"}
             for arm, task, wins in (("zero_shot", "miniwob.choose-list", 1), ("bc_filtered", "miniwob.choose-list", 3),
                                     ("zero_shot", "miniwob.count-shape", 2), ("bc_filtered", "miniwob.count-shape", 0))
             for i in range(4)]
+    rows[-1]["first_action"] = None  # an episode that took no step
+    greedy = {**rows[4], "temperature": 0.0, "run_id": "lv2-eval-bc_filtered-s0-test_seeds-t0"}
+    rows += [{**greedy, "task_seed": 250000 + i, "first_action": action}
+             for i, action in enumerate(["click('9')", "click('9')", "click('18')"])]
     results = tmp_path / "results"
     results.mkdir()
     pq.write_table(pa.Table.from_pylist(rows), results / "episodes.parquet")
@@ -386,6 +394,11 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     assert "online_gigpo-s0" not in text  # no iterations yet: no row
     assert "| test_seeds | click-collapsible | 27/34 | 19/34 | 55/100 |" in text
     assert "| test_seeds | navigate-tree | 40 | 4.9 | 4.9 | 40/40 |" in text
+    # how the first actions spread: zero_shot opens every page alike; each arm at its lowest temperature (bc's greedy)
+    assert "**First actions: test_seeds**" in text and "First actions: heldout_tasks" not in text
+    assert "| task | zero_shot (T=1) | bc_filtered (T=0) |" in text
+    assert "| choose-list | 4/4 `click('18')` | 2/3 `click('9')` |" in text
+    assert "| count-shape | 4/4 `click('18')` | – |" in text
 
 
 def test_an_offline_job_is_named_by_its_arm_seed_and_round_and_one_stopped_before_its_first_step_is_left_out(tmp_path):

@@ -1,7 +1,8 @@
 """An experiment's results as data: RESULTS/NAME/ from its lake, adapters and records.
 
 - ``episodes.parquet``: one row per evaluation episode — arm, training_seed, split (test_seeds | heldout_tasks |
-  dev), task_id, task_seed, attempt, success, n_steps, shaped_return — plus env_steps (the environment steps the
+  dev), task_id, task_seed, attempt, success, n_steps, shaped_return, first_action (the action of its first step,
+  as the lake stores it) — plus env_steps (the environment steps the
   evaluated policy was trained with: the curve's x), version (an online arm's served version on the dev curve),
   run_id, sampling_seed (the rollout's --seed) and temperature (the evaluation's);
 - ``timing.json``: seconds per evaluation step, per online iteration (rollout, update, reload, and what the update
@@ -27,8 +28,11 @@ from typing import Any
 
 from halo_data.novelty import seen_states
 
-EPISODE_COLUMNS = ("arm", "training_seed", "split", "task_id", "task_seed", "attempt", "success", "n_steps",
-                   "shaped_return", "env_steps", "version", "run_id", "sampling_seed", "temperature")
+# episodes.parquet's columns and their Arrow types
+EPISODE_COLUMNS = {"arm": "string", "training_seed": "int64", "split": "string", "task_id": "string", "task_seed": "int64",
+                   "attempt": "int64", "success": "bool_", "n_steps": "int64", "shaped_return": "float64",
+                   "first_action": "string", "env_steps": "int64", "version": "int64", "run_id": "string",
+                   "sampling_seed": "int64", "temperature": "float64"}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -95,8 +99,10 @@ def episode_rows(runner) -> list[dict[str, Any]]:
     if not runs:
         return []
     episodes = runner.state.query(
-        "select run_id, task_id, task_seed, attempt_idx, success, n_steps, shaped_return from episodes "
-        "where list_contains($ids, run_id) order by run_id, task_id, task_seed, attempt_idx", {"ids": sorted(runs)})
+        "select e.run_id, e.task_id, e.task_seed, e.attempt_idx, e.success, e.n_steps, e.shaped_return, "
+        "f.action AS first_action from episodes e left join (select episode_id, action from steps "
+        "where step_idx = 0 and list_contains($ids, run_id)) f using (episode_id) "
+        "where list_contains($ids, e.run_id) order by e.run_id, e.task_id, e.task_seed, e.attempt_idx", {"ids": sorted(runs)})
     env_steps: dict[tuple[str, int], dict[int | None, int]] = {}
     rows = []
     for e in episodes:
@@ -108,6 +114,7 @@ def episode_rows(runner) -> list[dict[str, Any]]:
             "arm": info["arm"], "training_seed": info["training_seed"], "split": info["split"],
             "task_id": e["task_id"], "task_seed": int(e["task_seed"]), "attempt": int(e["attempt_idx"]),
             "success": bool(e["success"]), "n_steps": int(e["n_steps"]), "shaped_return": float(e["shaped_return"] or 0.0),
+            "first_action": e["first_action"],
             "env_steps": env_steps[key].get(info["version"], env_steps[key].get(None)), "version": info["version"],
             "run_id": e["run_id"], "sampling_seed": runner.p.policy_seed(info["training_seed"]),
             "temperature": info["temperature"],
@@ -333,12 +340,7 @@ def export(runner, results: Path) -> str:
 
     results.mkdir(parents=True, exist_ok=True)
     rows = episode_rows(runner)
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        ("arm", pa.string()), ("training_seed", pa.int64()), ("split", pa.string()), ("task_id", pa.string()),
-        ("task_seed", pa.int64()), ("attempt", pa.int64()), ("success", pa.bool_()), ("n_steps", pa.int64()),
-        ("shaped_return", pa.float64()), ("env_steps", pa.int64()), ("version", pa.int64()), ("run_id", pa.string()),
-        ("sampling_seed", pa.int64()), ("temperature", pa.float64()),
-    ]))
+    table = pa.Table.from_pylist(rows, schema=pa.schema([(name, getattr(pa, kind)()) for name, kind in EPISODE_COLUMNS.items()]))
     pq.write_table(table, results / "episodes.parquet")
     (results / "timing.json").write_text(json.dumps(timing(runner), indent=1, default=str) + "\n")
     (results / "evidence.json").write_text(json.dumps(evidence(runner), indent=1, default=str) + "\n")

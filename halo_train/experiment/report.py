@@ -1,7 +1,8 @@
 """An experiment's report from its exported episodes.parquet: success per arm, split and temperature, the
 differences the protocol names, and its targets, each recomputed from the episodes; then the lake's evidence of
 why (success per task, what each training job read and what its train_metrics say it did, what each online update
-had to learn from, and how many evaluated states training had already seen: evidence.json and timing.json).
+had to learn from, how many evaluated states training had already seen: evidence.json and timing.json; and how
+much each arm's first action depends on the page).
 
 Intervals: each arm's pooled rate with Wilson's interval; each difference paired by task seed with a two-level
 bootstrap (``paired_bootstrap``) that resamples the task seeds (the same draw for both arms: the pairing) and each
@@ -11,7 +12,8 @@ arm's own training or sampling seeds, so an interval carries both arms' seed-to-
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,40 @@ def per_task_table(p, rows: list[dict[str, Any]], split: str, temperature: float
     return "\n".join(lines)
 
 
+def first_actions_table(p, rows: list[dict[str, Any]], split: str) -> str:
+    """Whether an arm's first action depends on the page: per task, how many of its episodes (final policies, seeds
+    pooled, at the lowest temperature the arm was evaluated at: least blurred by sampling) open with the arm's most
+    frequent first action there, and that action. The heuristic's column shows how the right first actions spread
+    over the task's pages; a policy that opens the same way on every page does not read them. Empty for an export
+    without first actions."""
+    default = float(p.interface["temperature"])
+    opened = [r for r in rows if r["split"] == split and r.get("version") is None and r.get("first_action") is not None]
+    temperatures: dict[str, float] = {}
+    for r in opened:
+        temperatures[r["arm"]] = min(temperatures.get(r["arm"], math.inf), _temperature(r, default))
+    firsts: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for r in opened:
+        if _temperature(r, default) == temperatures[r["arm"]]:
+            firsts[(r["task_id"], r["arm"])][r["first_action"]] += 1
+    arms = [a for a in p.arms if a in temperatures]
+    if not arms:
+        return ""
+    lines = [f"**First actions: {split}** (episodes that open with the arm's most frequent first action on the task / "
+             "episodes, and that action; each arm at its lowest temperature)", "",
+             "| task | " + " | ".join(f"{a} (T={temperatures[a]:g})" for a in arms) + " |", "| --- " * (1 + len(arms)) + "|"]
+    for task in sorted({t for t, _ in firsts}):
+        row = []
+        for arm in arms:
+            counts = firsts.get((task, arm))
+            if not counts:
+                row.append("–")
+                continue
+            action, top = counts.most_common(1)[0]
+            row.append(f"{top}/{sum(counts.values())} `{action}`".replace("|", "\\|"))
+        lines.append(f"| {_short(task)} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def _ends(job: dict[str, Any], metric: str, digits: int = 3) -> str:
     first, last = job.get("first", {}).get(metric), job.get("last", {}).get(metric)
     return "–" if first is None or last is None else f"{first:.{digits}f} → {last:.{digits}f}"
@@ -283,7 +319,7 @@ def names_table(evidence: dict[str, Any]) -> str:
 
 def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]:
     """The lake's evidence of why, after the targets: per-task success at the primary temperature, then what the
-    trained arms learnt from and did."""
+    trained arms learnt from and did, and how each arm's first actions spread over the pages."""
     t0 = p.temperatures[0]
     parts = [per_task_table(p, rows, split, t0) for split in ("test_seeds", "heldout_tasks")]
     evidence_file, timing_file = results / "evidence.json", results / "timing.json"
@@ -291,6 +327,7 @@ def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
     parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence),
               names_table(evidence)]
+    parts += [first_actions_table(p, rows, split) for split in ("test_seeds", "heldout_tasks")]
     return [part for part in parts if part]
 
 
