@@ -49,11 +49,14 @@ LONG_TEXT_COLUMNS = {
     "candidates": ("prompt", "model_output"),
     "mcts_nodes": ("prompt", "model_output", "goal"),
 }
-# Per table, columns no read filters on whose min/max would still fill every file's entry in the Delta log, which
-# every reader replays and every checkpoint repeats: no statistics, dictionary kept (an episode's steps repeat
-# their goal and URLs). In steps, these four were 27% of each file's entry.
+# Per table, columns no read filters on (reads prune by run_id; hashes are join keys, whose file-level min and max
+# span the whole range) whose min/max would still fill every file's entry in the Delta log, which every reader
+# replays and every checkpoint repeats: no statistics, dictionary kept (an episode's steps repeat their goal and
+# URLs). In steps, goal, url and the screenshot hashes were 27% of each file's entry.
 UNFILTERED_COLUMNS = {
-    "steps": ("url", "goal", "screenshot_hash", "screenshot_after_hash"),
+    "steps": ("url", "goal", "screenshot_hash", "screenshot_after_hash", "prompt_hash", "state_hash"),
+    "candidates": ("prompt_hash", "state_hash"),
+    "mcts_nodes": ("url", "screenshot_hash", "prompt_hash", "state_hash"),
 }
 
 

@@ -180,6 +180,11 @@ def test_the_log_holds_statistics_only_of_columns_reads_filter_on(tmp_path):
     assert lake.query_arrow("select distinct goal, url, screenshot_hash from steps").to_pylist() == [
         {"goal": "Click the button labelled OK.", "url": "http://x/", "screenshot_hash": "ab" * 32}]
     assert lake.query_arrow("select count(*) as n from steps where goal like 'Click%'").to_pylist() == [{"n": 4}]
+    for name in ("candidates", "mcts_nodes"):   # their hashes and URLs too: no read filters on them
+        lake.append(name, pa.Table.from_pylist([{"run_id": "a", "env": "miniwob", "task_id": "miniwob.click-button",
+                                                 **{c: "f" * 64 for c in UNFILTERED_COLUMNS[name]}}]))
+        stats = min_max_columns(lake, name)
+        assert {"run_id", "task_id"} <= stats and not stats & set(UNFILTERED_COLUMNS[name]), name
 
 
 def test_init_on_an_older_lake_evolves_the_schema(tmp_path):
