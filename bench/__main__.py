@@ -8,6 +8,7 @@ COMMANDS = {
     "state-groups": ("bench.state_groups", "online GRPO by state vs by episode: trainable groups, seconds per iteration"),
     "online-pipeline": ("bench.online_pipeline", "online GRPO sequential vs --pipeline: seconds per iteration"),
     "online-learner": ("bench.online_learner", "online GRPO: a job per update against the persistent learner (omega 1 and 0)"),
+    "adam-steps": ("bench.adam_steps", "how far AdamW moves the weights per update, fresh per update (a job) against kept across updates"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),
     "os-sandbox": ("bench.os_sandbox", "the os sandbox's start, against an earlier revision's, side by side"),
