@@ -192,3 +192,19 @@ def test_shared_prompts_give_the_full_forwards_loss_and_gradient_with_fewer_toke
     assert sorted(order) == list(range(len(rows)))
     keys = [_prompt_ids(rows[i]) for i in order]
     assert sum(a != b for a, b in zip(keys, keys[1:])) == len(prompts) - 1
+
+
+def test_adamw_moves_each_weight_by_the_whole_rate_when_fresh_and_less_once_kept_on_noise():
+    """What `python -m bench adam-steps` measures: a fresh AdamW's first step moves every weight by the learning rate
+    whatever the gradient, so a displacement per update credits a fresh optimizer's first steps; kept across
+    updates on pure noise, its steps shrink and their sum grows far slower than their number."""
+    from bench.adam_steps import displacements
+
+    params = 400
+    (first,) = displacements(0.0, 1, fresh_each_update=True, updates=1, params=params, seed=0)
+    assert first == pytest.approx(params ** 0.5, rel=1e-4)   # ±lr on every coordinate
+    job = displacements(0.0, 4, fresh_each_update=True, updates=4, params=params, seed=0)
+    kept = displacements(0.0, 14, fresh_each_update=False, updates=4, params=params, seed=0)
+    assert kept[0] > max(kept[1:])                             # its first update, fresh, moves the most
+    ratio = (sum(kept[1:]) / 3) / (sum(job) / 4)
+    assert 1.2 < ratio < 2.0                                   # 3.5x the steps, not 3.5x the displacement
