@@ -13,7 +13,7 @@ version and at the version halfway (the vacuumed copy replays the commits before
 median of ``--repeats`` opens in alternation, with the rows each reads (the same both ways, or the run fails).
 
 Beside it, the same episodes go to a second lake written with min/max statistics of every column but the long
-texts, as HALO wrote ``steps`` before its ``UNFILTERED_COLUMNS`` (goal, URL, the screenshot hashes): its log's
+texts, as HALO wrote ``steps`` before its ``UNFILTERED_COLUMNS`` (goal, URL, the hashes): its log's
 bytes, and the seconds to open its latest version, alternating with the first lake's opens.
 """
 
