@@ -33,11 +33,13 @@ DEFAULT_WORKDIR = Path("/var/tmp/halo-delta-log")
 
 
 def log_bytes(table_dir: Path) -> dict[str, int]:
-    """The log's checkpoint and commit bytes."""
-    files = [f for f in (table_dir / "_delta_log").iterdir() if f.is_file()]
-    checkpoints = sum(f.stat().st_size for f in files if ".checkpoint." in f.name)
-    commits = sum(f.stat().st_size for f in files if f.name.endswith(".json"))
-    return {"checkpoints": checkpoints, "commits": commits, "checkpoint_files": sum(".checkpoint." in f.name for f in files)}
+    """The log's checkpoint and commit bytes, listed and told apart as ``halo-data stats`` and ``vacuum`` do."""
+    from halo_data.lake import DELTA_CHECKPOINT, Lake
+
+    files = Lake.open(str(table_dir.parent)).list_files(f"{table_dir.name}/_delta_log")
+    checkpoints = {name: size for name, size in files.items() if DELTA_CHECKPOINT.fullmatch(name)}
+    commits = sum(size for name, size in files.items() if name.endswith(".json"))
+    return {"checkpoints": sum(checkpoints.values()), "commits": commits, "checkpoint_files": len(checkpoints)}
 
 
 def data_bytes(table_dir: Path) -> int:
