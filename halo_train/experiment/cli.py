@@ -158,17 +158,27 @@ def stop_command(protocol: str, root: str | None, timeout: int) -> None:
 @protocol_argument
 @root_option
 @click.option("--to", "dest", required=True, help="The pack's folder: new, or an earlier pack of this root (updated in place).")
+@click.option("--dry-run", is_flag=True, help="Write nothing: say what the pack would write and remove in the folder.")
 @run_cli
-def pack_command(protocol: str, root: str | None, dest: str) -> None:
+def pack_command(protocol: str, root: str | None, dest: str, dry_run: bool) -> None:
     """Copy what `run` needs to go on into a folder (to keep in version control or object storage while no machine
     holds the root): the lake without its screenshots, the records and logs, the adapters without superseded
-    checkpoints and versions, a finished arm's weights in float16. Stop `run` first."""
+    checkpoints and versions, a finished arm's weights in float16. Stop `run` first. It says what the folder gained
+    and lost since the last pack: what a commit of the folder carries."""
     from halo_train.experiment.pack import pack
 
-    m = pack(_setup(protocol, root), dest)
+    m = pack(_setup(protocol, root), dest, dry_run=dry_run)
+    c = m["change"]
+    since = f"the pack of {c['since']}" if c["since"] else "an empty folder"
+    change = (f"{c['written']['files']} files written ({c['written']['bytes'] / 2**20:.1f} MiB), "
+              f"{c['removed']['files']} removed ({c['removed']['bytes'] / 2**20:.1f} MiB) against {since}")
+    if dry_run:
+        click.echo(f"a pack now would hold {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) in {dest}: {change}; "
+                   f"nothing written")
+        return
     left = sum(r["bytes"] for r in m["omitted"].values())
-    click.echo(f"packed {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) into {dest}; left out {left / 2**20:.1f} MiB: "
-               + (", ".join(f"{r['files']} {why}" for why, r in m["omitted"].items()) or "nothing"))
+    click.echo(f"packed {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) into {dest}: {change}; left out "
+               f"{left / 2**20:.1f} MiB: " + (", ".join(f"{r['files']} {why}" for why, r in m["omitted"].items()) or "nothing"))
 
 
 @experiment.command("unpack")

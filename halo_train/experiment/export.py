@@ -315,12 +315,17 @@ def _git_commit_of(path: Path) -> str | None:
     return out.stdout.strip() or None
 
 
-def half_weights(src: Path, dst: Path) -> None:
-    """A safetensors file with its floating tensors in float16 (half the size; LoRA deltas lose nothing that
-    matters), written only where ``dst`` differs."""
+def half_bytes(src: Path) -> bytes:
+    """A safetensors file's bytes with its floating tensors in float16 (half the size; LoRA deltas lose nothing
+    that matters)."""
     from safetensors.torch import load_file, save
 
-    data = save({k: v.half().contiguous() if v.is_floating_point() else v for k, v in load_file(str(src)).items()})
+    return save({k: v.half().contiguous() if v.is_floating_point() else v for k, v in load_file(str(src)).items()})
+
+
+def half_weights(src: Path, dst: Path) -> None:
+    """``src`` in float16 (``half_bytes``) at ``dst``, written only where ``dst`` differs."""
+    data = half_bytes(src)
     if not dst.exists() or dst.read_bytes() != data:
         dst.write_bytes(data)
 

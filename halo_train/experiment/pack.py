@@ -17,13 +17,16 @@ updated each time the run is paused; ``unpack`` makes a root of it again. Everyt
 - once a trained arm's training is final and all its evaluation cells are complete: its optimizer states
   (``learner_state.pt``), and its adapters' weights are kept in float16, as ``experiment export`` stores them.
 
-``pack.json`` in the folder counts what was kept and what was left out, and why. Unpack to the root's own path: the
+``pack.json`` in the folder counts what was kept and what was left out, and why, and what this pack wrote and
+removed in the folder (``change``): the bytes a commit or an upload of the folder carries, which a dry run tells
+before anything is written. A file whose content the folder already holds is not written again. Unpack to the root's own path: the
 lake's records name adapters by absolute path. Stop ``experiment run`` before packing: a root written to while it is
 packed is refused.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import re
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from halo_data.lake import DELTA_CHECKPOINT
-from halo_train.experiment.export import half_weights
+from halo_train.experiment.export import half_bytes
 from halo_train.experiment.record import LOCK, ExperimentError, code_identity, holding, now
 
 MANIFEST = "pack.json"
@@ -120,9 +123,10 @@ class Plan:
         return "copy"
 
 
-def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
+def pack(runner, dest: str | Path, plan: Plan | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Mirror the runner's root into ``dest`` as described above (``plan``: what becomes of each file, by default
-    the runner's state now); the manifest it wrote to ``dest/pack.json``."""
+    the runner's state now); the manifest it wrote to ``dest/pack.json``. ``dry_run``: write nothing, and return the
+    manifest the pack would write (``change`` says what it would write and remove in ``dest``)."""
     root, dest = runner.root, Path(dest).resolve()
     if not (root / "experiment.json").exists():
         raise PackError(f"{root} holds no registered experiment: nothing to pack")
@@ -131,10 +135,18 @@ def pack(runner, dest: str | Path, plan: Plan | None = None) -> dict[str, Any]:
     if dest.exists() and any(dest.iterdir()) and not (dest / MANIFEST).exists():
         raise PackError(f"{dest} holds files that are not a pack: choose an empty folder or an earlier pack")
     with holding(root, "pack"):  # refused while `run` holds the root
-        return _mirror(runner, dest, plan or Plan(runner))
+        return _mirror(runner, dest, plan or Plan(runner), dry_run)
 
 
-def _mirror(runner, dest: Path, plan: Plan) -> dict[str, Any]:
+def _differs(src: Path, dst: Path, src_stat: tuple[int, int], dst_stat: tuple[int, int] | None) -> bool:
+    """Whether copying ``src`` would change ``dst``: a file copied before and unchanged since keeps its size and
+    time (``copy2``); a checkout gives a pack's files new times, so those are compared by content."""
+    if dst_stat is None or dst_stat[0] != src_stat[0]:
+        return True
+    return dst_stat != src_stat and not filecmp.cmp(src, dst, shallow=False)
+
+
+def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
     root = runner.root
     before = _files(root)
     kept: dict[str, str] = {}
@@ -147,18 +159,47 @@ def _mirror(runner, dest: Path, plan: Plan) -> dict[str, Any]:
             reason["bytes"] += size
         else:
             kept[rel] = action
-    dest.mkdir(parents=True, exist_ok=True)
-    present = _files(dest)
-    for rel in present:
-        if rel not in kept and rel != MANIFEST:
-            (dest / rel).unlink()
+    present = _files(dest) if dest.exists() else {}
+    previous = json.loads((dest / MANIFEST).read_text()) if MANIFEST in present else {}
+    present.pop(MANIFEST, None)
+
+    # What the folder gains and loses: the bytes a commit of it carries, or an upload of it sends.
+    sizes: dict[str, int] = {}
+    written: dict[str, bytes | None] = {}  # rel -> float16 bytes to write, or None for a copy
     for rel, action in kept.items():
         src, dst = root / rel, dest / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
         if action == "half":
-            half_weights(src, dst)  # what `experiment export` stores
-        elif present.get(rel) != before[rel]:  # copy2 keeps the time: an unchanged file is not copied again
-            shutil.copy2(src, dst)
+            data = half_bytes(src)  # what `experiment export` stores
+            sizes[rel] = len(data)
+            if rel not in present or dst.read_bytes() != data:
+                written[rel] = data
+        else:
+            sizes[rel] = before[rel][0]
+            if _differs(src, dst, before[rel], present.get(rel)):
+                written[rel] = None
+    removed = {rel: size for rel, (size, _) in present.items() if rel not in kept}
+    change = {"since": previous.get("packed_at"),
+              "written": {"files": len(written), "bytes": sum(sizes[rel] for rel in written)},
+              "removed": {"files": len(removed), "bytes": sum(removed.values())}}
+    manifest = {
+        "experiment": runner.p.name, "root": str(root), "packed_at": now(), "code": code_identity()["commit"],
+        "files": len(kept), "bytes": sum(sizes.values()),
+        "float16": sorted(rel for rel, a in kept.items() if a == "half"),
+        "finished_arms": sorted(plan.finished), "omitted": omitted, "change": change,
+    }
+    if dry_run:
+        return manifest
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in removed:
+        (dest / rel).unlink()
+    for rel, data in written.items():
+        dst = dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if data is None:
+            shutil.copy2(root / rel, dst)  # keeps the time: unchanged, it is not copied again next time
+        else:
+            dst.write_bytes(data)
     for dirpath, _, _ in sorted(os.walk(dest), reverse=True):  # folders left empty by removed files
         if Path(dirpath) != dest and not any(Path(dirpath).iterdir()):
             Path(dirpath).rmdir()
@@ -168,12 +209,6 @@ def _mirror(runner, dest: Path, plan: Plan) -> dict[str, Any]:
     if changed:
         raise PackError(f"the root changed while it was packed ({changed[0]}, {len(changed)} files): stop "
                         f"`halo-train experiment run`, then pack again")
-    manifest = {
-        "experiment": runner.p.name, "root": str(root), "packed_at": now(), "code": code_identity()["commit"],
-        "files": len(kept), "bytes": sum((dest / rel).stat().st_size for rel in kept),
-        "float16": sorted(rel for rel, a in kept.items() if a == "half"),
-        "finished_arms": sorted(plan.finished), "omitted": omitted,
-    }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
