@@ -226,7 +226,7 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     assert last.relative_to(root).as_posix() in kept
     assert manifest["float16"] == ["adapters/dpo-s0/final/adapter_model.safetensors"]
     assert manifest["change"] == {"since": None, "written": {"files": len(kept) - 1, "bytes": manifest["bytes"]},
-                                  "removed": {"files": 0, "bytes": 0}}
+                                  "replaced": {"files": 0, "bytes": 0}, "removed": {"files": 0, "bytes": 0}}
     assert manifest["bytes"] == sum(len(data) for rel, data in kept.items() if rel != "pack.json")
 
     # Packed again after the job moved on: its older checkpoint goes, unchanged files are not written again; a dry
@@ -236,7 +236,8 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     (a / "bc-s0/round-0/checkpoint-12/optimizer.pt").write_bytes(b"12")
     steps_log = next((dest / "lake/steps/_delta_log").glob("*.json"))
     written = steps_log.stat().st_mtime_ns
-    moved_on = {"since": manifest["packed_at"], "written": {"files": 1, "bytes": 2}, "removed": {"files": 1, "bytes": 1}}
+    moved_on = {"since": manifest["packed_at"], "written": {"files": 1, "bytes": 2}, "replaced": {"files": 0, "bytes": 0},
+                "removed": {"files": 1, "bytes": 1}}
     assert packing.pack(runner, dest, plan, dry_run=True)["change"] == moved_on
     assert _tree(dest) == kept
     assert packing.pack(runner, dest, plan)["change"] == moved_on
@@ -246,6 +247,8 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     for f in dest.rglob("*"):  # a checkout of the pack gives its files new times: compared by content, none differs
         os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert packing.pack(runner, dest, plan)["change"]["written"] == {"files": 0, "bytes": 0}
+    (a / "bc-s0/round-0/checkpoint-12/optimizer.pt").write_bytes(b"twelve")  # a file written over
+    assert packing.pack(runner, dest, plan)["change"]["replaced"] == {"files": 1, "bytes": 2}
 
     again = tmp_path / "again"
     done = packing.unpack(dest, again)
@@ -267,10 +270,10 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     assert out.exit_code == 1 and "is not a pack" in out.output and not (tmp_path / "x").exists()
     out = cli.invoke(main, ["experiment", "pack", str(ran.p.path), "--root", str(root), "--to", str(tmp_path / "p2")])
     assert out.exit_code == 0 and f"{len(shots)} screenshots" in out.output, out.output
-    assert "removed (0.0 MiB) against an empty folder" in out.output
+    assert "0 of them over a file of 0.0 MiB in all), 0 removed (0.0 MiB) against an empty folder" in out.output
     out = cli.invoke(main, ["experiment", "pack", str(ran.p.path), "--root", str(root), "--to", str(tmp_path / "p2"),
                             "--dry-run"])
-    assert out.exit_code == 0 and "0 files written (0.0 MiB), 0 removed (0.0 MiB) against the pack of" in out.output
+    assert out.exit_code == 0 and "0 files written (0.0 MiB; 0 of them over" in out.output and "against the pack of" in out.output
     copy2 = shutil.copy2
 
     def copy_while_a_writer_commits(src, dst):  # a stage still running appends to the lake while it is packed

@@ -170,7 +170,8 @@ def pack_command(protocol: str, root: str | None, dest: str, dry_run: bool) -> N
     m = pack(_setup(protocol, root), dest, dry_run=dry_run)
     c = m["change"]
     since = f"the pack of {c['since']}" if c["since"] else "an empty folder"
-    change = (f"{c['written']['files']} files written ({c['written']['bytes'] / 2**20:.1f} MiB), "
+    change = (f"{c['written']['files']} files written ({c['written']['bytes'] / 2**20:.1f} MiB; "
+              f"{c['replaced']['files']} of them over a file of {c['replaced']['bytes'] / 2**20:.1f} MiB in all), "
               f"{c['removed']['files']} removed ({c['removed']['bytes'] / 2**20:.1f} MiB) against {since}")
     if dry_run:
         click.echo(f"a pack now would hold {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) in {dest}: {change}; "

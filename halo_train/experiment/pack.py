@@ -18,8 +18,8 @@ updated each time the run is paused; ``unpack`` makes a root of it again. Everyt
   (``learner_state.pt``), and its adapters' weights are kept in float16, as ``experiment export`` stores them.
 
 ``pack.json`` in the folder counts what was kept and what was left out, and why, and what this pack wrote and
-removed in the folder (``change``): the bytes a commit or an upload of the folder carries, which a dry run tells
-before anything is written. A file whose content the folder already holds is not written again. Unpack to the root's own path: the
+removed in the folder (``change``; ``replaced``: the files written over, with their size before): the bytes a
+commit or an upload of the folder carries, which a dry run tells before anything is written. A file whose content the folder already holds is not written again. Unpack to the root's own path: the
 lake's records name adapters by absolute path. Stop ``experiment run`` before packing: a root written to while it is
 packed is refused.
 """
@@ -178,8 +178,10 @@ def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
             if _differs(src, dst, before[rel], present.get(rel)):
                 written[rel] = None
     removed = {rel: size for rel, (size, _) in present.items() if rel not in kept}
+    replaced = [rel for rel in written if rel in present]  # a diff of the folder shows their old content too
     change = {"since": previous.get("packed_at"),
               "written": {"files": len(written), "bytes": sum(sizes[rel] for rel in written)},
+              "replaced": {"files": len(replaced), "bytes": sum(present[rel][0] for rel in replaced)},
               "removed": {"files": len(removed), "bytes": sum(removed.values())}}
     manifest = {
         "experiment": runner.p.name, "root": str(root), "packed_at": now(), "code": code_identity()["commit"],
