@@ -19,9 +19,9 @@ updated each time the run is paused; ``unpack`` makes a root of it again. Everyt
 
 ``pack.json`` in the folder counts what was kept and what was left out, and why, and what this pack wrote and
 removed in the folder (``change``; ``replaced``: the files written over, with their size before): the bytes a
-commit or an upload of the folder carries, which a dry run tells before anything is written. A file whose content the folder already holds is not written again. Unpack to the root's own path: the
-lake's records name adapters by absolute path. Stop ``experiment run`` before packing: a root written to while it is
-packed is refused.
+commit or an upload of the folder carries, which a dry run tells before anything is written. A file whose content
+the folder already holds is not written again. Unpack to the root's own path: the lake's records name adapters by
+absolute path. Stop ``experiment run`` before packing: a root written to while it is packed is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from halo_data.lake import DELTA_CHECKPOINT
-from halo_train.experiment.export import half_bytes
+from halo_train.experiment.export import half_bytes, half_weights
 from halo_train.experiment.record import LOCK, ExperimentError, code_identity, holding, now
 
 MANIFEST = "pack.json"
@@ -165,18 +165,18 @@ def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
 
     # What the folder gains and loses: the bytes a commit of it carries, or an upload of it sends.
     sizes: dict[str, int] = {}
-    written: dict[str, bytes | None] = {}  # rel -> float16 bytes to write, or None for a copy
+    written: list[str] = []
     for rel, action in kept.items():
         src, dst = root / rel, dest / rel
         if action == "half":
             data = half_bytes(src)  # what `experiment export` stores
             sizes[rel] = len(data)
             if rel not in present or dst.read_bytes() != data:
-                written[rel] = data
+                written.append(rel)
         else:
             sizes[rel] = before[rel][0]
             if _differs(src, dst, before[rel], present.get(rel)):
-                written[rel] = None
+                written.append(rel)
     removed = {rel: size for rel, (size, _) in present.items() if rel not in kept}
     replaced = [rel for rel in written if rel in present]  # a diff of the folder shows their old content too
     change = {"since": previous.get("packed_at"),
@@ -195,13 +195,13 @@ def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
     dest.mkdir(parents=True, exist_ok=True)
     for rel in removed:
         (dest / rel).unlink()
-    for rel, data in written.items():
+    for rel in written:
         dst = dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if data is None:
-            shutil.copy2(root / rel, dst)  # keeps the time: unchanged, it is not copied again next time
+        if kept[rel] == "half":
+            half_weights(root / rel, dst)  # converted again rather than held: adapters can be large
         else:
-            dst.write_bytes(data)
+            shutil.copy2(root / rel, dst)  # keeps the time: unchanged, it is not copied again next time
     for dirpath, _, _ in sorted(os.walk(dest), reverse=True):  # folders left empty by removed files
         if Path(dirpath) != dest and not any(Path(dirpath).iterdir()):
             Path(dirpath).rmdir()
