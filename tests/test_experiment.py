@@ -228,6 +228,7 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     assert manifest["change"] == {"since": None, "written": {"files": len(kept) - 1, "bytes": manifest["bytes"]},
                                   "replaced": {"files": 0, "bytes": 0}, "removed": {"files": 0, "bytes": 0}}
     assert manifest["bytes"] == sum(len(data) for rel, data in kept.items() if rel != "pack.json")
+    assert manifest["optimizer_states_kept"] == {"adapters/online-s0/policy-2/learner_state.pt": 1}
 
     # Packed again after the job moved on: its older checkpoint goes, unchanged files are not written again; a dry
     # run says so first and writes nothing.
@@ -271,6 +272,7 @@ def test_a_pack_keeps_what_run_needs_and_unpacks_into_a_root_that_goes_on_from_i
     out = cli.invoke(main, ["experiment", "pack", str(ran.p.path), "--root", str(root), "--to", str(tmp_path / "p2")])
     assert out.exit_code == 0 and f"{len(shots)} screenshots" in out.output, out.output
     assert "0 of them over a file of 0.0 MiB in all), 0 removed (0.0 MiB) against an empty folder" in out.output
+    assert "it holds 2 optimizer state(s) of arms still training (0.0 MiB)" in out.output  # online-s0's versions 1, 2
     out = cli.invoke(main, ["experiment", "pack", str(ran.p.path), "--root", str(root), "--to", str(tmp_path / "p2"),
                             "--dry-run"])
     assert out.exit_code == 0 and "0 files written (0.0 MiB; 0 of them over" in out.output and "against the pack of" in out.output

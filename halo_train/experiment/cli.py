@@ -173,6 +173,10 @@ def pack_command(protocol: str, root: str | None, dest: str, dry_run: bool) -> N
     change = (f"{c['written']['files']} files written ({c['written']['bytes'] / 2**20:.1f} MiB; "
               f"{c['replaced']['files']} of them over a file of {c['replaced']['bytes'] / 2**20:.1f} MiB in all), "
               f"{c['removed']['files']} removed ({c['removed']['bytes'] / 2**20:.1f} MiB) against {since}")
+    states = m["optimizer_states_kept"]
+    if states:
+        change += (f"; it holds {len(states)} optimizer state(s) of arms still training "
+                   f"({sum(states.values()) / 2**20:.1f} MiB), which the pack after their training removes")
     if dry_run:
         click.echo(f"a pack now would hold {m['files']} files ({m['bytes'] / 2**20:.1f} MiB) in {dest}: {change}; "
                    f"nothing written")

@@ -188,6 +188,8 @@ def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
         "files": len(kept), "bytes": sum(sizes.values()),
         "float16": sorted(rel for rel, a in kept.items() if a == "half"),
         "finished_arms": sorted(plan.finished), "omitted": omitted, "change": change,
+        # arms still training: their optimizer states are kept, and the pack after their training ends removes them
+        "optimizer_states_kept": {rel: sizes[rel] for rel in kept if Path(rel).name == LEARNER_STATE},
     }
     if dry_run:
         return manifest
