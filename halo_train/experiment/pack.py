@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from halo_data.lake import DELTA_CHECKPOINT
-from halo_train.experiment.export import half_bytes, half_weights
+from halo_train.experiment.export import half_bytes
 from halo_train.experiment.record import LOCK, ExperimentError, code_identity, holding, now
 
 MANIFEST = "pack.json"
@@ -201,7 +201,7 @@ def _mirror(runner, dest: Path, plan: Plan, dry_run: bool) -> dict[str, Any]:
         dst = dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if kept[rel] == "half":
-            half_weights(root / rel, dst)  # converted again rather than held: adapters can be large
+            dst.write_bytes(half_bytes(root / rel))  # converted again rather than held: adapters can be large
         else:
             shutil.copy2(root / rel, dst)  # keeps the time: unchanged, it is not copied again next time
     for dirpath, _, _ in sorted(os.walk(dest), reverse=True):  # folders left empty by removed files
