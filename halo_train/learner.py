@@ -63,7 +63,7 @@ class LearnerOptions:
     """How the persistent learner trains each update (the rest, loss and data, comes from the update's GRPOConfig)."""
 
     epochs_per_update: int = 1
-    mini_batch_size: int = 16  # rows per optimizer step
+    mini_batch_size: int = 8  # rows per optimizer step
     batch_size: int = 4  # rows per forward pass; mini_batch_size / batch_size passes are accumulated
     max_steps: int | None = None  # most optimizer steps per update (a cap); None: every row, epochs_per_update times
     warmup_steps: int = 0  # linear warm-up over the run's first optimizer steps, then constant

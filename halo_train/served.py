@@ -55,7 +55,7 @@ class ServedLoopConfig:
         choices=LEARNERS)
     train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on; --learner jobs: 2).")
     epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
-    mini_batch_size: int = _field(16, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
+    mini_batch_size: int = _field(8, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     share_prompts: bool = _field(True, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")

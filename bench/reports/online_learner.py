@@ -20,7 +20,9 @@ def report(results_dir: pathlib.Path) -> str:
         o = run.get("options", {})
         out.append(f"{len(o.get('tasks', '').split(','))} tasks ({o.get('tasks', '?')}), at most "
                    f"{o.get('max_episode_steps', '?')} steps per episode, groups of {o.get('group_size', '?')}, "
-                   f"{o.get('iterations', '?')} iterations:\n")
+                   f"{o.get('iterations', '?')} iterations; jobs: {o.get('train_steps', '?')} steps of "
+                   f"{o.get('batch_size', '?')} rows an update, persistent: {o.get('mini_batch_size', '?')} rows an "
+                   "optimizer step:\n")
         rows = []
         for arm, r in run["arms"].items():
             p = r["per_iteration"]
