@@ -278,9 +278,9 @@ def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, t
 
     with chat_server_in_process(tiny) as url:
         cfg = OnlineConfig(base_model=tiny, tasks=TASKS, iterations=1, group_by="state", candidates_per_state=4,
-                           group_size=1, seeds_per_iteration=2, max_episode_steps=2, train_steps=1, lr=0.01, max_tokens=24,
-                           lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="online", progress=False,
-                           engine_url=url)
+                           group_size=1, seeds_per_iteration=2, max_episode_steps=2, train_steps=1, mini_batch_size=64,
+                           lr=0.01, max_tokens=24, lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"),
+                           run_id="online", progress=False, engine_url=url)  # one step over every trainable row
         lines: list[str] = []
         summary = run_online(cfg, echo=lines.append)
     lake = cfg.lake
