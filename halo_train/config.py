@@ -396,6 +396,31 @@ CONFIGS: dict[str, type[TrainConfig]] = {"bc": BCConfig, "dpo": DPOConfig, "grpo
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)
 
 
+@dataclasses.dataclass
+class LearnerOptions:
+    """How the persistent learner trains each update (the rest, loss and data, comes from the update's GRPOConfig)."""
+
+    epochs_per_update: int = 1
+    mini_batch_size: int = 8  # rows per optimizer step
+    batch_size: int = 4  # rows per forward pass; mini_batch_size / batch_size passes are accumulated
+    max_steps: int | None = None  # most optimizer steps per update (a cap); None: every row, epochs_per_update times
+    warmup_steps: int = 0  # linear warm-up over the run's first optimizer steps, then constant
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    measure_rows: int = 16  # rows the KL and entropy after an update are measured on (a forward pass each); 0: none
+    share_prompts: bool = True  # a state's rows share one minibatch and one forward pass of their prompt
+
+    def __post_init__(self) -> None:
+        for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise TrainConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise TrainConfigError(f"--train-steps caps an update's optimizer steps: give 1 or more, not {self.max_steps}")
+        if self.warmup_steps < 0:
+            raise TrainConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+
+
+
 def config_fields(cls: type[TrainConfig]) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls)]
 

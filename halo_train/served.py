@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterator
 
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, upsert_runs, utc_now
-from halo_train.config import TrainConfigError, _field, _looks_like_local_path, resolve_base_model
+from halo_train.config import LearnerOptions, TrainConfigError, _field, _looks_like_local_path, resolve_base_model
 
 log = logging.getLogger(__name__)
 
 LEARNERS = ("persistent", "jobs")  # one learner across the run's updates | a training job per update
+_LEARNER = LearnerOptions()  # the persistent learner's defaults, one place for the CLI and the library
 
 
 class OnlineError(TrainConfigError):
@@ -54,13 +55,13 @@ class ServedLoopConfig:
         "optimizer, --train-steps steps, 2 by default, of --batch-size rows, the learning rate decaying to 0 inside it).",
         choices=LEARNERS)
     train_steps: int | None = _field(None, "A cap on each update's optimizer steps (default: none, every row is trained on; --learner jobs: 2).")
-    epochs_per_update: int = _field(1, "Persistent learner: passes over every row of an update.")
-    mini_batch_size: int = _field(8, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
-    warmup_steps: int = _field(0, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
-    share_prompts: bool = _field(True, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
+    epochs_per_update: int = _field(_LEARNER.epochs_per_update, "Persistent learner: passes over every row of an update.")
+    mini_batch_size: int = _field(_LEARNER.mini_batch_size, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
+    warmup_steps: int = _field(_LEARNER.warmup_steps, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
+    share_prompts: bool = _field(_LEARNER.share_prompts, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
-    batch_size: int = _field(4, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
+    batch_size: int = _field(_LEARNER.batch_size, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
     lora_dropout: float = _field(0.0, "Dropout on the LoRA branch during each update (0: the update's importance ratios compare the function that sampled, not a dropped-out one).")
     temperature: float = _field(1.0, "Sampling temperature (1 keeps the stored logprobs those of the sampling policy).")
     max_tokens: int = _field(64, "Most tokens an action may take.")
@@ -101,11 +102,16 @@ class ServedLoopConfig:
             raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.learner not in LEARNERS:
             raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
-        for name in ("epochs_per_update", "mini_batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise error(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+        try:
+            self.learner_options()
+        except TrainConfigError as e:
+            raise error(str(e)) from None
+
+    def learner_options(self) -> LearnerOptions:
+        """How the persistent learner trains each update of this loop (--epochs-per-update, --mini-batch-size, ...)."""
+        return LearnerOptions(epochs_per_update=self.epochs_per_update, mini_batch_size=self.mini_batch_size,
+                              batch_size=self.batch_size, max_steps=self.train_steps, warmup_steps=self.warmup_steps,
+                              share_prompts=self.share_prompts)
 
     def job_steps(self) -> int | None:
         """An update's optimizer steps: the --train-steps cap (the persistent learner: none by default), 2 for a job."""
@@ -284,14 +290,12 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
 
     from halo_data.writer import append_rows
     from halo_train.config import base_model_path
-    from halo_train.learner import LearnerOptions, held_learner
+    from halo_train.learner import held_learner
     from halo_train.metrics import metric_rows, record_run
     from halo_train.trainer_utils import STATS_FILE
 
     t0, cpu0 = time.perf_counter(), time.process_time()
-    options = LearnerOptions(epochs_per_update=cfg.epochs_per_update, mini_batch_size=cfg.mini_batch_size,
-                             batch_size=cfg.batch_size, max_steps=cfg.train_steps, warmup_steps=cfg.warmup_steps,
-                             share_prompts=cfg.share_prompts)
+    options = cfg.learner_options()
     template = dc.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
     learner, load_seconds = held_learner(str(Path(cfg.output_dir).resolve()), template, options, trained.version, trained.path)
     started = dt.datetime.now(dt.timezone.utc)

@@ -301,6 +301,8 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
     (["--serve", "--epsilon-high", "0"], "Error: --epsilon must lie in (0, 1) and --epsilon-high be positive"),
     (["--serve", "--lora-dropout", "1"], "Error: --lora-dropout must be in [0, 1), got 1.0"),
+    (["--serve", "--mini-batch-size", "0"], "Error: --mini-batch-size must be at least 1, got 0"),
+    (["--serve", "--warmup-steps", "-1"], "Error: --warmup-steps must be 0 or more, got -1"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     from click.testing import CliRunner
