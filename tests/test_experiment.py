@@ -141,6 +141,9 @@ def test_the_export_carries_each_stages_commit_and_the_report_recomputes_from_it
     firsts = runner.state.query("select task_seed, action from steps where run_id = $r and step_idx = 0 order by 1",
                                 {"r": rows[0]["run_id"]})
     assert [(r["task_seed"], r["first_action"]) for r in rows] == [(f["task_seed"], f["action"]) for f in firsts]
+    raws = runner.state.query("select task_seed, raw_reward from episodes where run_id = $r order by 1", {"r": rows[0]["run_id"]})
+    assert [(r["task_seed"], r["raw_reward"]) for r in rows] == [(e["task_seed"], e["raw_reward"]) for e in raws]
+    assert all((r["raw_reward"] > 0) == r["success"] for r in rows)  # a success is the raw reward above 0
     meta = json.loads((tmp_path / "results" / "meta.json").read_text())
     assert meta["stage_commits"] == [runner.records.current()["commit"]] and meta["registrations"][0]["protocol_sha256"]
     text = report(runner.p, tmp_path / "results")
@@ -418,6 +421,29 @@ def test_the_report_shows_the_lakes_evidence_per_task_per_job_per_update_and_per
     assert "| task | zero_shot (T=1) | bc_filtered (T=0) |" in text
     assert "| choose-list | 4/4 `click('18')` | 2/3 `click('9')` |" in text
     assert "| count-shape | 4/4 `click('18')` | – |" in text
+
+
+def test_the_report_counts_which_successes_were_partial_credit():
+    """MiniWoB's checkbox tasks score the share of boxes right, and a success is the raw reward above 0: the report
+    shows, on the tasks where a success had a raw reward below 1, how many had every box right, and the success
+    rates without those partial answers. An export without raw rewards (learning-v1's) shows no such table."""
+    from halo_train.experiment.report import partial_credit_table
+
+    p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+    episodes = [("zero_shot", "miniwob.click-checkboxes", [0.2, 1.0, -0.5, -1.0]),  # 2 successes, 1 with every box right
+                ("online_grpo", "miniwob.click-checkboxes", [0.2, 0.5, 0.2, -0.2]),  # 3 successes, all partial
+                ("zero_shot", "miniwob.choose-list", [1.0, -1.0, -1.0, -1.0]),
+                ("online_grpo", "miniwob.choose-list", [1.0, 1.0, -1.0, -1.0])]
+    rows = [{"arm": arm, "training_seed": 0, "split": "test_seeds", "task_id": task, "task_seed": 250000 + i, "attempt": 0,
+             "success": raw > 0, "raw_reward": raw, "version": None, "temperature": 1.0}
+            for arm, task, raws in episodes for i, raw in enumerate(raws)]
+    text = partial_credit_table(p, rows, "test_seeds", 1.0)
+    assert "| task | zero_shot | online_grpo |" in text
+    assert "| click-checkboxes | 1/2/4 | 0/3/4 |" in text and "choose-list |" not in text
+    # zero_shot: 3 of 8 successes, 2 without its one partial answer; online_grpo: 5 of 8, 2 without its 3
+    assert text.endswith("| all tasks: success % without those partial answers (with them) | 25.0 (37.5) | 25.0 (62.5) |")
+    assert partial_credit_table(p, [{**r, "raw_reward": None} for r in rows], "test_seeds", 1.0) == ""
+    assert partial_credit_table(p, [r for r in rows if r["task_id"] == "miniwob.choose-list"], "test_seeds", 1.0) == ""
 
 
 def test_an_offline_job_is_named_by_its_arm_seed_and_round_and_one_stopped_before_its_first_step_is_left_out(tmp_path):

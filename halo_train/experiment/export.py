@@ -32,7 +32,7 @@ from halo_data.novelty import seen_states
 EPISODE_COLUMNS = {"arm": "string", "training_seed": "int64", "split": "string", "task_id": "string", "task_seed": "int64",
                    "attempt": "int64", "success": "bool_", "n_steps": "int64", "shaped_return": "float64",
                    "first_action": "string", "env_steps": "int64", "version": "int64", "run_id": "string",
-                   "sampling_seed": "int64", "temperature": "float64"}
+                   "sampling_seed": "int64", "temperature": "float64", "raw_reward": "float64"}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -99,7 +99,7 @@ def episode_rows(runner) -> list[dict[str, Any]]:
     if not runs:
         return []
     episodes = runner.state.query(
-        "select e.run_id, e.task_id, e.task_seed, e.attempt_idx, e.success, e.n_steps, e.shaped_return, "
+        "select e.run_id, e.task_id, e.task_seed, e.attempt_idx, e.success, e.n_steps, e.shaped_return, e.raw_reward, "
         "f.action AS first_action from episodes e left join (select episode_id, action from steps "
         "where step_idx = 0 and list_contains($ids, run_id)) f using (episode_id) "
         "where list_contains($ids, e.run_id) order by e.run_id, e.task_id, e.task_seed, e.attempt_idx", {"ids": sorted(runs)})
@@ -118,6 +118,7 @@ def episode_rows(runner) -> list[dict[str, Any]]:
             "env_steps": env_steps[key].get(info["version"], env_steps[key].get(None)), "version": info["version"],
             "run_id": e["run_id"], "sampling_seed": runner.p.policy_seed(info["training_seed"]),
             "temperature": info["temperature"],
+            "raw_reward": None if e["raw_reward"] is None else float(e["raw_reward"]),
         })
     return rows
 

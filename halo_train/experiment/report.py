@@ -1,8 +1,8 @@
 """An experiment's report from its exported episodes.parquet: success per arm, split and temperature, the
 differences the protocol names, and its targets, each recomputed from the episodes; then the lake's evidence of
-why (success per task, what each training job read and what its train_metrics say it did, what each online update
-had to learn from, how many evaluated states training had already seen: evidence.json and timing.json; and how
-much each arm's first action depends on the page).
+why (success per task and how much of it partial credit, what each training job read and what its train_metrics
+say it did, what each online update had to learn from, how many evaluated states training had already seen:
+evidence.json and timing.json; and how much each arm's first action depends on the page).
 
 Intervals: each arm's pooled rate with Wilson's interval; each difference paired by task seed with a two-level
 bootstrap (``paired_bootstrap``) that resamples the task seeds (the same draw for both arms: the pairing) and each
@@ -166,6 +166,46 @@ def per_task_table(p, rows: list[dict[str, Any]], split: str, temperature: float
     return "\n".join(lines)
 
 
+def partial_credit_table(p, rows: list[dict[str, Any]], split: str, temperature: float) -> str:
+    """How many successes had every part of the answer right, on the tasks that give partial credit. A success is
+    BrowserGym's: the environment's raw reward above 0. MiniWoB's checkbox tasks score +1 per box right and -1 per
+    box wrong, over the boxes, so an answer with most boxes right is a success: submitting before checking
+    anything succeeds whenever fewer than half the boxes are asked for. A task shows here when one of its successes
+    had a raw reward below 1; empty for an export without raw rewards."""
+    default = float(p.interface["temperature"])
+    cells: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    partial: set[str] = set()
+    for r in final_rows(rows, split, temperature, default):
+        raw = r.get("raw_reward")
+        cell = cells[(r["task_id"], r["arm"])]
+        cell[0] += int(bool(r["success"]) and raw is not None and raw >= 1.0)
+        cell[1] += int(r["success"])
+        cell[2] += 1
+        if r["success"] and raw is not None and raw < 1.0:
+            partial.add(r["task_id"])
+    arms = [a for a in p.arms if any(arm == a for _, arm in cells)]
+    if not partial or not arms:
+        return ""
+    lines = [f"**Partial credit: {split}, temperature {temperature:g}** (on the tasks whose successes include answers "
+             "with a raw reward below 1: successes with every part right / successes / attempts, seeds pooled; a "
+             "success is the raw reward above 0)", "",
+             "| task | " + " | ".join(arms) + " |", "| --- " * (1 + len(arms)) + "|"]
+    for task in sorted(partial):
+        row = []
+        for arm in arms:
+            right, ok, n = cells.get((task, arm), (0, 0, 0))
+            row.append(f"{right}/{ok}/{n}" if n else "–")
+        lines.append(f"| {_short(task)} | " + " | ".join(row) + " |")
+    strict = []
+    for arm in arms:
+        mine = {t: c for (t, a), c in cells.items() if a == arm}
+        ok, n = sum(c[1] for c in mine.values()), sum(c[2] for c in mine.values())
+        partial_only = sum(c[1] - c[0] for t, c in mine.items() if t in partial)
+        strict.append(f"{100 * (ok - partial_only) / n:.1f} ({100 * ok / n:.1f})" if n else "–")
+    lines.append("| all tasks: success % without those partial answers (with them) | " + " | ".join(strict) + " |")
+    return "\n".join(lines)
+
+
 def first_actions_table(p, rows: list[dict[str, Any]], split: str) -> str:
     """Whether an arm's first action depends on the page: per task, how many of its episodes (final policies, seeds
     pooled, at the lowest temperature the arm was evaluated at: least blurred by sampling) open with the arm's most
@@ -322,6 +362,7 @@ def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]
     trained arms learnt from and did, and how each arm's first actions spread over the pages."""
     t0 = p.temperatures[0]
     parts = [per_task_table(p, rows, split, t0) for split in ("test_seeds", "heldout_tasks")]
+    parts += [partial_credit_table(p, rows, split, t0) for split in ("test_seeds", "heldout_tasks")]
     evidence_file, timing_file = results / "evidence.json", results / "timing.json"
     evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else {}
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
