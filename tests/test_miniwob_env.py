@@ -122,6 +122,39 @@ def test_fractional_raw_reward_is_kept(env):
     assert -1.0 <= out.raw_reward <= 1.0
 
 
+def test_submitting_an_empty_checkbox_form_succeeds_only_under_the_positive_rule(env):
+    """click-checkboxes scores the share of boxes right: with fewer than half of them asked for, Submit before any
+    box is a majority-right answer, a success under BrowserGym's rule (raw reward above 0) and a failure under
+    success=full (every box right)."""
+    import re
+
+    from halo_agent.envs.miniwob import MiniWoBEnv
+
+    def empty_submit(e, seed):
+        page = e.reset(_spec("click-checkboxes"), task_seed=seed)
+        boxes = [el for el in page.elements if el.role == "checkbox"]
+        asked = re.match(r"Select (.*) and click Submit", page.goal).group(1)
+        asked = [] if asked == "nothing" else asked.split(", ")
+        submit = next(el for el in page.elements if el.role == "button")
+        return len(asked), len(boxes), e.step(f"click('{submit.bid}')")
+
+    full = MiniWoBEnv(success="full", screenshots=False)
+    try:
+        for seed in range(40):
+            asked, boxes, out = empty_submit(env, seed)
+            if 0 < asked < boxes / 2:
+                break
+        else:
+            pytest.fail("no seed in 0..39 asks for fewer than half the boxes")
+        assert (out.reward, out.terminated) == (1.0, True) and 0 < out.raw_reward < 1
+        strict = empty_submit(full, seed)[2]
+        assert (strict.reward, strict.terminated, strict.raw_reward) == (0.0, True, out.raw_reward)
+    finally:
+        full.close()
+    with pytest.raises(ValueError, match="success must be positive"):
+        MiniWoBEnv(success="strict")
+
+
 def test_an_action_sequence_ends_alike_whether_the_policy_answers_at_once_or_later(env):
     """click-collapsible's header opens and closes with a 400 ms jQuery animation: the environment waits for it
     after each action, so the same clicks give the same rewards and pages however long the policy thinks. (Observed

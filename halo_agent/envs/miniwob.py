@@ -139,6 +139,11 @@ _SETTLE_JS = r"""async (capMs) => {
 }"""
 # The longest wait for a page to settle after an action: MiniWoB's effects run 200-600 ms (jQuery's "fast" to "slow").
 DEFAULT_SETTLE_MS = 1000
+# What counts as a success, from MiniWoB's raw reward in [-1, 1]. positive: above 0, BrowserGym's rule and the
+# default. full: 1, every part of the answer right. They differ where MiniWoB gives partial credit: the checkbox
+# tasks score +1 per box right and -1 per box wrong, over the boxes, so under "positive" an answer with most boxes
+# right succeeds, and clicking Submit before any box does whenever fewer than half of them are asked for.
+SUCCESS_RULES = ("positive", "full")
 
 _READ_GLOBALS_JS = r"""() => ({
   reward: WOB_REWARD_GLOBAL,
@@ -328,12 +333,15 @@ class MiniWoBEnv:
         base_dir: str | None = None,
         isolation: str = DEFAULT_ISOLATION,
         settle_ms: int = DEFAULT_SETTLE_MS,
+        success: str = "positive",
         **_: Any,
     ):
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
         if not isinstance(settle_ms, int) or isinstance(settle_ms, bool) or settle_ms < 0:
             raise ValueError(f"settle_ms must be a whole number of milliseconds, 0 (observe at once) or more, got {settle_ms!r}")
+        if success not in SUCCESS_RULES:
+            raise ValueError(f"success must be positive (raw reward above 0) or full (raw reward 1), got {success!r}")
         self.session = BrowserSession(headless=headless)
         self.screenshots = screenshots
         self.base_dir = base_dir
@@ -342,6 +350,7 @@ class MiniWoBEnv:
         # read and the page observed: a click on an accordion header mid-animation does what the policy's speed
         # decides, so without the wait one action sequence can succeed or fail with the machine's load.
         self.settle_ms = settle_ms
+        self.success = success
         self.actions = ActionRunner(action_set(SUBSETS_WITH_COORDINATES))
         self.task: MiniWoBTask | None = None
         self.page = None
@@ -448,6 +457,8 @@ class MiniWoBEnv:
         try:
             settled = self._settle()
             reward, done, _, info = self.task.validate(self.page, [])
+            if self.success == "full":
+                reward = float((info.get("raw_reward") or 0.0) >= 1.0)
             if not settled:
                 info = {**info, "unsettled_ms": self.settle_ms}
             page_state = self._observe()
