@@ -19,8 +19,8 @@ from typing import Any
 import click
 
 from halo_data import prompts
-from halo_data.cli_support import (CONTEXT_SETTINGS, LAKE_OPTION, fail, run_cli, script_command, short_openmp_spin,
-                                   version_option)
+from halo_data.cli_support import (CONTEXT_SETTINGS, LAKE_OPTION, fail, key_values, run_cli, script_command,
+                                   short_openmp_spin, version_option)
 
 
 def _split_list(value: str | None) -> list[str]:
@@ -29,16 +29,10 @@ def _split_list(value: str | None) -> list[str]:
 
 def _parse_options(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
     """``KEY=VALUE`` pairs; values parse as JSON where they can (numbers, true/false), else stay text."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"{pair!r}: write KEY=VALUE", param_hint=flag)
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
+    try:
+        return key_values(pairs)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=flag) from None
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)

@@ -14,12 +14,13 @@ need an existing lake and say how to create one.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 import click
 import duckdb
@@ -112,6 +113,21 @@ def run_cli(func: Callable) -> Callable:
             fail(first_line(e))
 
     return wrapper
+
+
+def key_values(pairs: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (``--env-option``, ``--policy-option``) as a dict; a value parses as JSON where it can
+    (numbers, true/false), else stays text. A pair without ``=`` raises ValueError."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"{pair!r}: write KEY=VALUE")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def script_command(script: str, *args: str) -> str:

@@ -129,7 +129,7 @@ def _search(cfg: MCTSConfig, engine, base_name: str, served: Served, run_id: str
         temperature=cfg.temperature, seed=cfg.seed + task_seed, task_seed=task_seed, task_seeds=cfg.task_seeds,
         simulations=cfg.simulations, expansions=cfg.expansions, c_exp=cfg.c_exp, alpha=cfg.alpha, max_depth=cfg.max_depth,
         critic=cfg.critic, critic_base_url=critic_url, theta=cfg.theta, widen=cfg.widen, lake=cfg.lake, run_id=run_id,
-        progress=cfg.progress, command="halo-train mcts",
+        env_options=cfg.environment_options(), progress=cfg.progress, command="halo-train mcts",
     ))
 
 

@@ -362,7 +362,7 @@ def _rollout(cfg: OnlineConfig, engine, base_name: str, served: Served, run_id: 
         candidates_per_state=cfg.candidates_per_state if cfg.group_by == "state" and kind == "rollout" else 0,
         temperature=eval_temperature(cfg) if kind == "eval" else cfg.temperature, seed=cfg.seed + task_seed,
         task_seed=task_seed, task_seeds=task_seeds, max_steps=cfg.max_episode_steps,
-        observation=cfg.observation, reward_config=cfg.reward_config,
+        observation=cfg.observation, reward_config=cfg.reward_config, env_options=cfg.environment_options(),
         lake=cfg.lake, run_id=run_id, resume=existing_run(lake, run_id) is not None, kind=kind,
         progress=cfg.progress, command="halo-train online-grpo",
     )).stop_if_interrupted()

@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from halo_data.cli_support import key_values
 from halo_data.lake import Lake
 from halo_data.runs import RunRecord, upsert_runs, utc_now
 from halo_train.config import LearnerOptions, TrainConfigError, _field, _looks_like_local_path, resolve_base_model
@@ -68,6 +69,7 @@ class ServedLoopConfig:
     coordinate_scale: float | None = _field(
         None, "A vision-language base model's coordinate grid (1000 for Qwen3-VL's 0..1000); pixels by default."
     )
+    env_options: list = _field([], "Environment options, KEY=VALUE, comma-separated (halo-agent rollout's --env-option), e.g. success=full.")
     train_seed_start: int = _field(0, "First train task seed: iteration k trains on train_seed_start + k * N ... (online-grpo, N = --seeds-per-iteration), + k * task_seeds on (mcts).")
     seed: int = _field(0, "Seed of sampling and training.")
     lake: str = _field("lake", "Lake root.")
@@ -82,6 +84,12 @@ class ServedLoopConfig:
         self.base_model = resolve_base_model(self.base_model, error)
         if not self.tasks:
             raise error("give --tasks, e.g. --tasks click-button")
+        if isinstance(self.env_options, str):
+            self.env_options = [o.strip() for o in self.env_options.split(",") if o.strip()]
+        try:
+            self.environment_options()
+        except ValueError as e:
+            raise error(f"--env-options {e}") from None
         if bool(self.engine_url) == bool(self.serve):
             raise error("give exactly one of --engine-url URL (an engine already running) or --serve (start one)")
         if self.engine_url and self.engine != "auto":
@@ -106,6 +114,10 @@ class ServedLoopConfig:
             self.learner_options()
         except TrainConfigError as e:
             raise error(str(e)) from None
+
+    def environment_options(self) -> dict[str, Any]:
+        """--env-options as the environment's keyword options (success=full -> {"success": "full"})."""
+        return key_values(self.env_options)
 
     def learner_options(self) -> LearnerOptions:
         """How the persistent learner trains each update of this loop (--epochs-per-update, --mini-batch-size, ...)."""

@@ -545,6 +545,26 @@ def test_learning_v2s_plan_trains_each_arm_before_any_evaluation_of_it(tmp_path)
     assert sum("--temperature 0.0" in c for c in zero) == 2
 
 
+def test_the_interfaces_env_options_reach_every_rollout_and_online_run(tmp_path):
+    """interface.env_options (success: full) goes to each rollout as --env-option and to each online run as
+    --env-options; learning-v2, which names none, runs the commands it was registered with."""
+    raw = yaml.safe_load((REPO / "bench" / "protocols" / "learning-v2.yaml").read_text())
+    raw["interface"]["env_options"] = {"success": "full"}
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump(raw))
+    Runner(load(tmp_path / "strict.yaml"), tmp_path / "root", dry_run=True).run()
+    commands = (tmp_path / "root" / "commands.log").read_text().splitlines()
+    rollouts = [c for c in commands if " rollout " in c]
+    online = [c for c in commands if " online-grpo " in c]
+    assert rollouts and all("--env-option success=full" in c for c in rollouts)
+    assert online and all("--env-options success=full" in c for c in online)
+    Runner(load("learning-v2"), tmp_path / "v2", dry_run=True).run()
+    assert "env-option" not in (tmp_path / "v2" / "commands.log").read_text()
+    raw["interface"]["env_options"] = ["success=full"]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProtocolError, match="interface.env_options is a mapping"):
+        load(tmp_path / "bad.yaml")
+
+
 def test_a_protocol_that_contradicts_itself_is_refused(tmp_path):
     with pytest.raises(ProtocolError, match="trained arm's method"):
         Protocol.load(tiny_protocol(tmp_path / "a.yaml", arms={"sft": {"kind": "trained"}}, hyperparameters={"sft": {}}))

@@ -62,7 +62,8 @@ def killed_and_resumed(tiny, tmp_path_factory) -> dict:
     args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "2", "--group-size", "4",
             "--seeds-per-iteration", "4", "--max-episode-steps", "2", "--train-steps", "1", "--lr", "0.01",
             "--lora-alpha", "16", "--max-tokens", "24", "--eval-every", "2", "--eval-seeds", "1", "--eval-attempts", "1",
-            "--no-progress", "--lake", str(root / "lake"), "--output-dir", str(root / "out"), "--run-id", "online"]
+            "--no-progress", "--lake", str(root / "lake"), "--output-dir", str(root / "out"), "--run-id", "online",
+            "--env-options", "success=full"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # Its own process group: the kill takes the command and the chat server it started, nothing else.
     with open(root / "killed.out", "w") as killed_out:
@@ -106,6 +107,9 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(killed_and_res
         ("online-eval-v2-s100000", "2"), ("online-k0", "0"), ("online-k1", "1")]
     eval_run = query(lake, "select adapter, kind from runs where run_id = 'online-eval-v2-s100000'")[0]
     assert eval_run == {"adapter": "policy-2", "kind": "eval"}
+    # --env-options reached every rollout and eval (success=full: a success is every part of the answer right)
+    configs = query(lake, "select run_id, config from runs where run_id in ('online-k0', 'online-k1', 'online-eval-v2-s100000')")
+    assert [json.loads(c["config"])["env_options"] for c in configs] == [{"success": "full"}] * 3
 
     # One runs row with each iteration's lineage and adapter.
     run = query(lake, "select * from runs where run_id = 'online'")[0]
@@ -303,6 +307,7 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     (["--serve", "--lora-dropout", "1"], "Error: --lora-dropout must be in [0, 1), got 1.0"),
     (["--serve", "--mini-batch-size", "0"], "Error: --mini-batch-size must be at least 1, got 0"),
     (["--serve", "--warmup-steps", "-1"], "Error: --warmup-steps must be 0 or more, got -1"),
+    (["--serve", "--env-options", "success"], "Error: --env-options 'success': write KEY=VALUE"),
 ])
 def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     from click.testing import CliRunner

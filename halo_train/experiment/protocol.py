@@ -129,6 +129,7 @@ class Protocol:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def check(self) -> None:
+        self.env_options()
         overlap = set(self.train_tasks) & set(self.heldout_tasks)
         if overlap:
             raise ProtocolError(f"held-out tasks are trained on: {sorted(overlap)}")
@@ -226,6 +227,14 @@ class Protocol:
         if self.arms[arm]["kind"] == "trained":
             return self.training_seeds
         return tuple(int(s) for s in self.arms[arm].get("seeds", [0]))
+
+    def env_options(self) -> dict[str, Any]:
+        """The interface's environment options (``env_options: {success: full}``), passed to every rollout, search
+        and online run as ``--env-option KEY=VALUE``; none by default."""
+        options = self.interface.get("env_options") or {}
+        if not isinstance(options, dict):
+            raise ProtocolError(f"{self.path}: interface.env_options is a mapping of option to value, e.g. {{success: full}}")
+        return {str(k): ("true" if v is True else "false" if v is False else v) for k, v in options.items()}
 
     def tasks(self, tasks: tuple[str, ...]) -> tuple[str, ...]:
         env = self.interface["env"]

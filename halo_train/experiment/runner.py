@@ -238,8 +238,9 @@ class Runner:
     def _interface_options(self, temperature: float | None = None) -> list[str]:
         i = self.p.interface
         t = i["temperature"] if temperature is None else temperature
+        env_options = [arg for key, value in self.p.env_options().items() for arg in ("--env-option", f"{key}={value}")]
         return ["--env", i["env"], "--observation", i["observation"], "--max-steps", str(i["max_steps"]),
-                "--temperature", str(t), "--reward-config", self._path(i["reward_config"]),
+                "--temperature", str(t), "--reward-config", self._path(i["reward_config"]), *env_options,
                 "--lake", str(self.lake), "--no-progress", "--workers", str(self.workers)]
 
     @contextlib.contextmanager
@@ -406,6 +407,8 @@ class Runner:
                  "--temperature", str(i["temperature"]), "--max-episode-steps", str(i["max_steps"]),
                  "--observation", i["observation"], "--reward-config", self._path(i["reward_config"]), "--no-progress",
                  "--constrain-actions" if i["constrain_actions"] else "--no-constrain-actions"]
+        if self.p.env_options():
+            argv += ["--env-options", ",".join(f"{key}={value}" for key, value in self.p.env_options().items())]
         every = self.p.hyperparameters.get("curve", {}).get(f"{arm}_every")
         if seed == self.p.training_seeds[0] and every:
             argv += ["--eval-every", str(every), "--eval-tasks", ",".join(self.p.tasks(self.p.heldout_tasks)),
