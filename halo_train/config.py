@@ -420,7 +420,6 @@ class LearnerOptions:
             raise TrainConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
 
 
-
 def config_fields(cls: type[TrainConfig]) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls)]
 

@@ -145,6 +145,12 @@ DEFAULT_SETTLE_MS = 1000
 # right succeeds, and clicking Submit before any box does whenever fewer than half of them are asked for.
 SUCCESS_RULES = ("positive", "full")
 
+
+def check_success_rule(success: str) -> str:
+    if success not in SUCCESS_RULES:
+        raise ValueError(f"success must be positive (raw reward above 0) or full (raw reward 1), got {success!r}")
+    return success
+
 _READ_GLOBALS_JS = r"""() => ({
   reward: WOB_REWARD_GLOBAL,
   raw_reward: WOB_RAW_REWARD_GLOBAL,
@@ -197,6 +203,7 @@ class MiniWoBTask(AbstractBrowserTask):
         base_dir: str | None = None,
         episode_max_time: int = EPISODE_MAX_TIME_MS,
         remove_human_display: bool = True,
+        success: str = "positive",
     ) -> None:
         super().__init__(seed)
         if subdomain not in task_names(base_dir):
@@ -210,6 +217,7 @@ class MiniWoBTask(AbstractBrowserTask):
         self.url = (Path(base_dir) if base_dir else html_dir()).joinpath(f"{subdomain}.html").resolve().as_uri()
         self.episode_max_time = int(episode_max_time)
         self.remove_human_display = remove_human_display
+        self.success = check_success_rule(success)
         self.page = None
 
     def setup(self, page) -> tuple[str, dict]:
@@ -257,8 +265,9 @@ class MiniWoBTask(AbstractBrowserTask):
         if page.url != self.url:
             return 0.0, True, "", {"error": f"left the task page for {page.url}"}
         info = self._info()
-        # BrowserGym's MiniWoB reward: 1 when MiniWoB's raw reward is positive.
-        reward = float((info.get("raw_reward") or 0) > 0)
+        # BrowserGym's MiniWoB reward: 1 when MiniWoB's raw reward is positive; under "full", only when it is 1.
+        raw = info.get("raw_reward") or 0
+        reward = float(raw >= 1.0 if self.success == "full" else raw > 0)
         return reward, bool(info.get("done")), "", info
 
 
@@ -340,8 +349,7 @@ class MiniWoBEnv:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
         if not isinstance(settle_ms, int) or isinstance(settle_ms, bool) or settle_ms < 0:
             raise ValueError(f"settle_ms must be a whole number of milliseconds, 0 (observe at once) or more, got {settle_ms!r}")
-        if success not in SUCCESS_RULES:
-            raise ValueError(f"success must be positive (raw reward above 0) or full (raw reward 1), got {success!r}")
+        self.success = check_success_rule(success)
         self.session = BrowserSession(headless=headless)
         self.screenshots = screenshots
         self.base_dir = base_dir
@@ -350,7 +358,6 @@ class MiniWoBEnv:
         # read and the page observed: a click on an accordion header mid-animation does what the policy's speed
         # decides, so without the wait one action sequence can succeed or fail with the machine's load.
         self.settle_ms = settle_ms
-        self.success = success
         self.actions = ActionRunner(action_set(SUBSETS_WITH_COORDINATES))
         self.task: MiniWoBTask | None = None
         self.page = None
@@ -424,7 +431,7 @@ class MiniWoBEnv:
     def _start(self, subdomain: str, task_seed: int, restart: bool) -> None:
         self._episodes_in_context += 1
         self.state = None
-        self.task = MiniWoBTask(seed=task_seed, subdomain=subdomain, base_dir=self.base_dir)
+        self.task = MiniWoBTask(seed=task_seed, subdomain=subdomain, base_dir=self.base_dir, success=self.success)
         if restart:
             self.goal, _ = self.task.restart(self.page)
             self.restarts += 1
@@ -457,8 +464,6 @@ class MiniWoBEnv:
         try:
             settled = self._settle()
             reward, done, _, info = self.task.validate(self.page, [])
-            if self.success == "full":
-                reward = float((info.get("raw_reward") or 0.0) >= 1.0)
             if not settled:
                 info = {**info, "unsettled_ms": self.settle_ms}
             page_state = self._observe()

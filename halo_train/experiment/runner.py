@@ -407,8 +407,9 @@ class Runner:
                  "--temperature", str(i["temperature"]), "--max-episode-steps", str(i["max_steps"]),
                  "--observation", i["observation"], "--reward-config", self._path(i["reward_config"]), "--no-progress",
                  "--constrain-actions" if i["constrain_actions"] else "--no-constrain-actions"]
-        if self.p.env_options():
-            argv += ["--env-options", ",".join(f"{key}={value}" for key, value in self.p.env_options().items())]
+        env_options = self.p.env_options()
+        if env_options:
+            argv += ["--env-options", ",".join(f"{key}={value}" for key, value in env_options.items())]
         every = self.p.hyperparameters.get("curve", {}).get(f"{arm}_every")
         if seed == self.p.training_seeds[0] and every:
             argv += ["--eval-every", str(every), "--eval-tasks", ",".join(self.p.tasks(self.p.heldout_tasks)),
