@@ -52,20 +52,23 @@ def query(lake: str, sql: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(tiny, tmp_path_factory) -> dict:
-    """One `halo-train online-grpo --serve` run of two iterations (the chat server's runtime LoRA API, a held-out
-    eval after the second), killed with -9 once the first update saved its adapter, then resumed to the end.
+    """One `halo-train online-grpo --serve --pipeline` run of three iterations (the chat server's runtime LoRA API,
+    iteration k+1's rollout overlapping update k in the update process, a held-out eval after the third), killed
+    with -9 once the first update saved its adapter (rollout 1 overlapping it is usually under way), then resumed
+    to the end. The module's kill-and-resume run, pipelined because that resume has the most to get right: the
+    record of iteration k names the version that sampled rollout k+1.
 
     Four task seeds per iteration (8 groups over the two tasks): an iteration whose groups are all flat trains
     nothing (and serves the version before), which a few groups of a sharpened tiny model can be (seen with 4
-    groups); both updates must train here."""
+    groups); every update must train here."""
     root = tmp_path_factory.mktemp("online-killed")
-    args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "2", "--group-size", "4",
-            "--seeds-per-iteration", "4", "--max-episode-steps", "2", "--train-steps", "1", "--lr", "0.01",
-            "--lora-alpha", "16", "--max-tokens", "24", "--eval-every", "2", "--eval-seeds", "1", "--eval-attempts", "1",
-            "--no-progress", "--lake", str(root / "lake"), "--output-dir", str(root / "out"), "--run-id", "online",
-            "--env-options", "success=full"]
+    args = ["--base-model", tiny, "--serve", "--pipeline", "--tasks", ",".join(TASKS), "--iterations", "3",
+            "--group-size", "4", "--seeds-per-iteration", "4", "--max-episode-steps", "2", "--train-steps", "1",
+            "--lr", "0.01", "--lora-alpha", "16", "--max-tokens", "24", "--eval-every", "3", "--eval-seeds", "1",
+            "--eval-attempts", "1", "--no-progress", "--lake", str(root / "lake"), "--output-dir", str(root / "out"),
+            "--run-id", "online", "--env-options", "success=full"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # Its own process group: the kill takes the command and the chat server it started, nothing else.
+    # Its own process group: the kill takes the command, its update process and the chat server it started, nothing else.
     with open(root / "killed.out", "w") as killed_out:
         proc = subprocess.Popen(_cli(*args), env=env, start_new_session=True, stdout=killed_out, stderr=subprocess.DEVNULL)
         first = root / "out" / "policy-1" / "adapter_model.safetensors"
@@ -74,9 +77,9 @@ def killed_and_resumed(tiny, tmp_path_factory) -> dict:
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert first.exists(), "the first iteration never saved its adapter"
+    assert first.exists(), "the first update never saved its adapter"
     saved = first.read_bytes()
-    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
     # A line is printed once its iteration is recorded: the killed run's lines and the resumed run's are each once.
     lines = [line for out in ((root / "killed.out").read_text(), done.stdout) for line in out.splitlines()
@@ -84,51 +87,56 @@ def killed_and_resumed(tiny, tmp_path_factory) -> dict:
     return {"lake": str(root / "lake"), "out": root / "out", "saved": saved, "lines": lines, "stdout": done.stdout}
 
 
-def test_two_iterations_through_the_chat_servers_runtime_lora_api(killed_and_resumed):
+def test_three_pipelined_iterations_through_the_chat_servers_runtime_lora_api(killed_and_resumed):
     out, lake, lines = killed_and_resumed["out"], killed_and_resumed["lake"], killed_and_resumed["lines"]
     one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
     assert one.keys() == two.keys()
     adapter = json.loads((out / "policy-1" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (16, 16)
-    # Updates train without LoRA dropout (the online default), policy-2's too, warm-started from policy-1's folder.
-    assert [json.loads((out / p / "adapter_config.json").read_text())["lora_dropout"] for p in ("policy-1", "policy-2")] == [0.0, 0.0]
+    # Updates train without LoRA dropout (the online default), each warm-started from the version before.
+    versions = ("policy-1", "policy-2", "policy-3")
+    assert [json.loads((out / p / "adapter_config.json").read_text())["lora_dropout"] for p in versions] == [0.0] * 3
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
     # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
     assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
     # One line per iteration, no raw dicts.
-    assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]
+    assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1", "iteration 2"]
     assert all("{" not in line for line in lines)
-    assert "-> policy-1, reload" in lines[0] and "-> policy-2, reload" in lines[1]
+    assert all(f"-> policy-{k + 1}, reload" in line for k, line in enumerate(lines))
 
-    # Rows carry the version that sampled them; the held-out eval after iteration 1 was served policy-2.
+    # Rows carry the version that sampled them: rollout 1 overlapped update 0 and was sampled by version 0, the one
+    # still served (before the kill and after it); rollout 2 by version 1; the held-out eval after iteration 2 by policy-3.
     versions = query(lake, "select run_id, policy_version, any_value(adapter) adapter from episodes "
                            "group by all order by run_id")
     assert [(r["run_id"], r["policy_version"]) for r in versions] == [
-        ("online-eval-v2-s100000", "2"), ("online-k0", "0"), ("online-k1", "1")]
-    eval_run = query(lake, "select adapter, kind from runs where run_id = 'online-eval-v2-s100000'")[0]
-    assert eval_run == {"adapter": "policy-2", "kind": "eval"}
+        ("online-eval-v3-s100000", "3"), ("online-k0", "0"), ("online-k1", "0"), ("online-k2", "1")]
+    eval_run = query(lake, "select adapter, kind from runs where run_id = 'online-eval-v3-s100000'")[0]
+    assert eval_run == {"adapter": "policy-3", "kind": "eval"}
     # --env-options reached every rollout and eval (success=full: a success is every part of the answer right)
-    configs = query(lake, "select run_id, config from runs where run_id in ('online-k0', 'online-k1', 'online-eval-v2-s100000')")
-    assert [json.loads(c["config"])["env_options"] for c in configs] == [{"success": "full"}] * 3
+    configs = query(lake, "select config from runs where run_id like 'online-k%' or run_id like 'online-eval%'")
+    assert [json.loads(c["config"])["env_options"] for c in configs] == [{"success": "full"}] * 4
 
     # One runs row with each iteration's lineage and adapter.
     run = query(lake, "select * from runs where run_id = 'online'")[0]
-    assert (run["status"], run["job_type"], run["adapter"], run["policy_version"]) == ("finished", "online-grpo", "policy-2", "2")
+    assert (run["status"], run["job_type"], run["adapter"], run["policy_version"]) == ("finished", "online-grpo", "policy-3", "3")
     iterations = json.loads(run["config"])["iterations"]
-    assert [Path(it["adapter"]).name for it in iterations] == ["policy-1", "policy-2"]
-    assert [it["sampled_version"] for it in iterations] == [0, 1]
-    assert all(it["lineage"]["steps"] >= 1 for it in iterations)
-    assert iterations[1]["lineage"]["steps"] > iterations[0]["lineage"]["steps"]
+    assert [Path(it["adapter"]).name for it in iterations] == ["policy-1", "policy-2", "policy-3"]
+    assert [it["sampled_version"] for it in iterations] == [0, 0, 1]
+    assert [it["next_rollout"]["version"] for it in iterations[:2]] == [0, 1]
+    steps = [it["lineage"]["steps"] for it in iterations]
+    assert steps[0] >= 1 and steps == sorted(set(steps))
 
     metrics = query(lake, "select step, metric from train_metrics where run_id = 'online'")
-    by_step = {s: {m["metric"] for m in metrics if m["step"] == s} for s in (0, 1)}
+    by_step = {s: {m["metric"] for m in metrics if m["step"] == s} for s in (0, 1, 2)}
     expected = {"policy_version", "rewards/mean", "rewards/std", "success_rate/train", "frac_reward_zero_std",
                 "trainable_groups", "reload_seconds", "rollout_steps_per_second", "update_seconds",
+                "pipeline_overlap_seconds", "iteration_seconds",
                 # what each update did (the persistent learner)
                 "rows_produced", "rows_trained", "optimizer_steps", "groups_success_spread", "groups_shaping_spread_only",
                 "anchor_groups_with_spread", "step_advantage_share", "displacement_from_base", "displacement_from_previous",
                 "approx_kl", "entropy", "clip_ratio", "update_load_seconds", "update_train_seconds", "update_save_seconds"}
-    assert expected - {"rollout_steps_per_second"} <= by_step[0] and expected | {"success_rate/heldout"} <= by_step[1]
+    assert all(expected - {"rollout_steps_per_second"} <= by_step[k] for k in (0, 1))
+    assert expected | {"success_rate/heldout"} <= by_step[2]
     values = {(m["step"], m["metric"]): m["value"] for m in query(lake, "select step, metric, value from train_metrics where run_id = 'online'")}
     # Killed before iteration 0 was recorded, the resumed run finds its rollout whole in the lake: it samples nothing
     # and records no rollout speed (a 0 steps/s would read as a stalled rollout).
@@ -137,12 +145,13 @@ def test_two_iterations_through_the_chat_servers_runtime_lora_api(killed_and_res
         assert "rollout already in the lake" in resumed_first[0] and "rollout_steps_per_second" not in by_step[0]
     else:
         assert values[0, "rollout_steps_per_second"] > 0
-    assert values[1, "rollout_steps_per_second"] > 0
-    for k in (0, 1):  # each update trained on every trainable row the iteration produced, and moved the adapter
+    assert values[2, "rollout_steps_per_second"] > 0  # rollout 2 sampled after the kill, every episode of it
+    assert values[0, "pipeline_overlap_seconds"] >= 0 and values[2, "pipeline_overlap_seconds"] == 0  # the last has no rollout to overlap
+    for k in (0, 1, 2):  # each update trained on every trainable row the iteration produced, and moved the adapter
         assert 0 < values[k, "rows_trained"] <= values[k, "rows_produced"]
         assert values[k, "displacement_from_previous"] > 0
     # Each version's folder holds the learner's state beside the adapter: the resumed run continued policy-1's optimizer.
-    assert all((out / p / "learner_state.pt").exists() for p in ("policy-1", "policy-2"))
+    assert all((out / p / "learner_state.pt").exists() for p in ("policy-1", "policy-2", "policy-3"))
     assert (out / "engine.log").exists()
 
 
@@ -208,22 +217,25 @@ def test_kill_9_then_resume_loses_nothing_and_trains_no_version_twice(killed_and
     assert (out / "policy-1" / "adapter_model.safetensors").read_bytes() == killed_and_resumed["saved"]  # adopted, not trained again
     episodes = query(lake, "select run_id, count(*) n, count(distinct episode_id) d from episodes "
                            "where run_id like 'online-k%' group by run_id order by run_id")
-    assert [(r["run_id"], r["n"], r["d"]) for r in episodes] == [("online-k0", 32, 32), ("online-k1", 32, 32)]
+    assert [(r["run_id"], r["n"], r["d"]) for r in episodes] == [(f"online-k{k}", 32, 32) for k in range(3)]
     steps = query(lake, "select count(*) n, count(distinct (episode_id, step_idx)) d from steps")[0]
     assert steps["n"] == steps["d"]
     run = query(lake, "select status, config from runs where run_id = 'online'")[0]
     assert run["status"] == "finished"
     iterations = json.loads(run["config"])["iterations"]
-    assert [it["iteration"] for it in iterations] == [0, 1]
+    assert [it["iteration"] for it in iterations] == [0, 1, 2]
     # Each version trained once: one loss row per optimizer step of each update run.
-    assert [it["update"] for it in iterations] == ["trained", "trained"]
+    assert [it["update"] for it in iterations] == ["trained"] * 3
     losses = query(lake, "select run_id, count(*) n from train_metrics where metric = 'loss' and run_id like 'online-u%' "
                          "group by run_id order by run_id")
-    assert [(r["run_id"], r["n"]) for r in losses] == [("online-u1", 1), ("online-u2", 1)]
+    assert [(r["run_id"], r["n"]) for r in losses] == [("online-u1", 1), ("online-u2", 1), ("online-u3", 1)]
+    # Each iteration's figures once, though iteration 0's were written by neither run alone.
+    metric_rows = query(lake, "select step, metric, count(*) n from train_metrics where run_id = 'online' group by all")
+    assert {r["step"] for r in metric_rows} == {0, 1, 2} and all(r["n"] == 1 for r in metric_rows)
     # Each update groups its own run's attempts only (another run's versions are named '0', '1', ... too).
     updates = query(lake, "select config from runs where run_id like 'online-u%'")
-    assert [json.loads(u["config"])["params"]["group_scope"] for u in updates] == ["run", "run"]
-    assert "iteration 1:" in killed_and_resumed["stdout"]
+    assert [json.loads(u["config"])["params"]["group_scope"] for u in updates] == ["run"] * 3
+    assert "iteration 2:" in killed_and_resumed["stdout"]
 
 
 def test_a_sigterm_while_sampling_stops_the_run_instead_of_training_on_part_of_the_groups(tmp_path):
