@@ -116,7 +116,8 @@ def test_writer_killed_mid_flush_leaves_a_valid_lake_and_all_or_nothing(tmp_path
     for attempt in range(8):
         run_id = f"killed{attempt}"
         exitcode, flushed = run_writer(root, run_id, rng.uniform(0.02, 0.6) * flush_seconds)
-        assert exitcode == -signal.SIGKILL
+        # Killed, or done before the kill arrived: then it had said its flush was complete.
+        assert exitcode == -signal.SIGKILL or (exitcode == 0 and flushed is not None), (exitcode, flushed)
         lake = Lake.open(root)
         n = lake.query_arrow("select count(distinct episode_id) as e, count(*) as s from steps where run_id = $r",
                              {"r": run_id}).to_pylist()[0]
