@@ -94,8 +94,8 @@ def test_three_pipelined_iterations_through_the_chat_servers_runtime_lora_api(ki
     adapter = json.loads((out / "policy-1" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (16, 16)
     # Updates train without LoRA dropout (the online default), each warm-started from the version before.
-    versions = ("policy-1", "policy-2", "policy-3")
-    assert [json.loads((out / p / "adapter_config.json").read_text())["lora_dropout"] for p in versions] == [0.0] * 3
+    folders = ("policy-1", "policy-2", "policy-3")
+    assert [json.loads((out / p / "adapter_config.json").read_text())["lora_dropout"] for p in folders] == [0.0] * 3
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
     # policy-2 continues policy-1 (one Adam step of lr 0.01 away), not a fresh LoRA drawn again.
     assert max(float((one[k] - two[k]).abs().max()) for k in one if "lora_A" in k) < 0.03
@@ -151,7 +151,7 @@ def test_three_pipelined_iterations_through_the_chat_servers_runtime_lora_api(ki
         assert 0 < values[k, "rows_trained"] <= values[k, "rows_produced"]
         assert values[k, "displacement_from_previous"] > 0
     # Each version's folder holds the learner's state beside the adapter: the resumed run continued policy-1's optimizer.
-    assert all((out / p / "learner_state.pt").exists() for p in ("policy-1", "policy-2", "policy-3"))
+    assert all((out / p / "learner_state.pt").exists() for p in folders)
     assert (out / "engine.log").exists()
 
 
