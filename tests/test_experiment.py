@@ -446,6 +446,30 @@ def test_the_report_counts_which_successes_were_partial_credit():
     assert partial_credit_table(p, [r for r in rows if r["task_id"] == "miniwob.choose-list"], "test_seeds", 1.0) == ""
 
 
+def test_the_report_reads_success_and_targets_again_without_tasks_whose_test_pages_training_had_seen():
+    """A task whose evaluated first pages training had seen more often than the screening rule lets a dev page be
+    seen (``max_pages_in_training``, 10%) is left out of a second reading of success and of the targets: what the arms
+    do on new pages. A task at the limit stays in."""
+    from halo_train.experiment.report import new_pages_sections, seen_tasks
+
+    p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+    wins = {("zero_shot", "miniwob.click-collapsible"): 1, ("online_grpo", "miniwob.click-collapsible"): 10,
+            ("zero_shot", "miniwob.choose-list"): 2, ("online_grpo", "miniwob.choose-list"): 3}
+    rows = [{"arm": arm, "training_seed": 0, "split": "test_seeds", "task_id": task, "task_seed": 250000 + i,
+             "attempt": 0, "success": i < n, "version": None, "temperature": 1.0}
+            for (arm, task), n in wins.items() for i in range(10)]
+    novelty = {"test_seeds": {"miniwob.click-collapsible": {"episodes": 10, "first_state_seen": 9},
+                              "miniwob.choose-list": {"episodes": 10, "first_state_seen": 1}}}
+    assert seen_tasks(p, {"state_novelty": novelty}) == {"test_seeds": ["miniwob.click-collapsible"]}
+    table, targets = new_pages_sections(p, rows, {"state_novelty": novelty})
+    assert table.startswith("**New pages only: test_seeds, temperature 1** (without click-collapsible,")
+    # choose-list alone: 2 of 10 against 3 of 10 (with click-collapsible: 3 of 20 against 13 of 20)
+    assert "| zero_shot | 1 | 10 | 20.0 [" in table and "| online_grpo | 1 | 10 | 30.0 [" in table
+    assert "| online_grpo − zero_shot: +10.0 [" in targets
+    novelty["test_seeds"]["miniwob.click-collapsible"]["first_state_seen"] = 1
+    assert new_pages_sections(p, rows, {"state_novelty": novelty}) == []
+
+
 def test_an_offline_job_is_named_by_its_arm_seed_and_round_and_one_stopped_before_its_first_step_is_left_out(tmp_path):
     from halo_train.experiment.export import offline_training
 

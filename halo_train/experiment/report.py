@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from halo_data.stats import wilson
+from halo_train.experiment.screen import DEFAULT_RULES
 
 BOOTSTRAP = 4000
 
@@ -86,13 +87,14 @@ def _diff(d: float, lo: float | None, hi: float | None) -> str:
     return "–" if lo is None else f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
-def arm_table(p, rows: list[dict[str, Any]], split: str, temperature: float) -> tuple[str, dict[str, Any]]:
+def arm_table(p, rows: list[dict[str, Any]], split: str, temperature: float,
+              title: str | None = None) -> tuple[str, dict[str, Any]]:
     default = float(p.interface["temperature"])
     arms = [a for a in p.arms if any(r["arm"] == a and r["split"] == split and _temperature(r, default) == temperature
                                      for r in rows)]
     mats = {a: matrix(rows, a, split, temperature, default) for a in arms}
     final = final_rows(rows, split, temperature, default)
-    lines = [f"**{split}, temperature {temperature:g}**", "",
+    lines = [title or f"**{split}, temperature {temperature:g}**", "",
              "| arm | seeds | attempts | success % [Wilson] | per seed | vs zero_shot (paired, both variances) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
@@ -339,6 +341,37 @@ def novelty_table(evidence: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def seen_tasks(p, evidence: dict[str, Any]) -> dict[str, list[str]]:
+    """Per split, the tasks whose evaluated first pages (zero_shot's) training had seen more often than the
+    protocol's screening rule ``max_pages_in_training`` lets a dev page be seen."""
+    rules = {**DEFAULT_RULES, **((p.raw.get("screening") or {}).get("rules") or {})}
+    limit = float(rules["max_pages_in_training"])
+    novelty = evidence.get("state_novelty") or {}
+    return {split: sorted(task for task, v in per_task.items() if v["first_state_seen"] > limit * v["episodes"])
+            for split, per_task in novelty.items()}
+
+
+def new_pages_sections(p, rows: list[dict[str, Any]], evidence: dict[str, Any]) -> list[str]:
+    """Success and the targets again without the tasks whose evaluated first pages training had seen (``seen_tasks``):
+    what an arm does on pages that are new to it. The protocol's metric stays the registered one; this reads it
+    apart."""
+    seen = {split: tasks for split, tasks in seen_tasks(p, evidence).items() if tasks}
+    if not seen:
+        return []
+    t0 = p.temperatures[0]
+    kept = [r for r in rows if r["task_id"] not in seen.get(r["split"], ())]
+    parts = []
+    for split, tasks in sorted(seen.items()):
+        names = ", ".join(_short(t) for t in tasks)
+        text, _ = arm_table(p, kept, split, t0, title=f"**New pages only: {split}, temperature {t0:g}** (without {names}, "
+                                                            "whose evaluated first pages training had seen)")
+        parts.append(text)
+    targets = targets_table(p, kept)
+    if targets:
+        parts.append("**Targets on new pages only** (read apart; the verdict above is the registered one)\n\n" + targets)
+    return parts
+
+
 def names_table(evidence: dict[str, Any]) -> str:
     """What the elements observation named (zero_shot's evaluation steps): offered elements per step, of them
     without a name, and the steps where none had one."""
@@ -366,8 +399,9 @@ def evidence_sections(p, rows: list[dict[str, Any]], results: Path) -> list[str]
     evidence_file, timing_file = results / "evidence.json", results / "timing.json"
     evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else {}
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
-    parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence),
-              names_table(evidence)]
+    parts += [samples_table(evidence), offline_table(evidence), online_table(timing), novelty_table(evidence)]
+    parts += new_pages_sections(p, rows, evidence)
+    parts += [names_table(evidence)]
     parts += [first_actions_table(p, rows, split) for split in ("test_seeds", "heldout_tasks")]
     return [part for part in parts if part]
 
