@@ -446,6 +446,23 @@ def test_the_report_counts_which_successes_were_partial_credit():
     assert partial_credit_table(p, [r for r in rows if r["task_id"] == "miniwob.choose-list"], "test_seeds", 1.0) == ""
 
 
+def test_the_report_sets_each_trained_arm_against_the_trained_arms_listed_before_it():
+    """Learner against learner, paired by task seed on each split; an arm without episodes is left out."""
+    from halo_train.experiment.report import trained_pairs_table
+
+    p = load(REPO / "bench" / "protocols" / "learning-v2.yaml")
+    wins = {"bc_filtered": 2, "online_grpo": 6, "online_gigpo": 6}
+    rows = [{"arm": arm, "training_seed": 0, "split": "test_seeds", "task_id": "miniwob.choose-list",
+             "task_seed": 250000 + i, "attempt": 0, "success": i < n, "version": None, "temperature": 1.0}
+            for arm, n in wins.items() for i in range(10)]
+    text = trained_pairs_table(p, rows)
+    assert "| difference | test_seeds | heldout_tasks |" in text
+    assert "| online_grpo − bc_filtered | +40.0 [" in text and "| online_gigpo − bc_filtered | +40.0 [" in text
+    assert "| online_gigpo − online_grpo | +0.0 [+0.0, +0.0] | – |" in text  # the same episodes: paired draws cancel
+    assert "dpo" not in text
+    assert trained_pairs_table(p, [r for r in rows if r["arm"] == "bc_filtered"]) == ""
+
+
 def test_the_report_reads_success_and_targets_again_without_tasks_whose_test_pages_training_had_seen():
     """A task whose evaluated first pages training had seen more often than the screening rule lets a dev page be
     seen (``max_pages_in_training``, 10%) is left out of a second reading of success and of the targets: what the arms

@@ -110,6 +110,26 @@ def arm_table(p, rows: list[dict[str, Any]], split: str, temperature: float,
     return "\n".join(lines), mats
 
 
+def trained_pairs_table(p, rows: list[dict[str, Any]]) -> str:
+    """Every pair of trained arms at the primary temperature, on each split: the difference paired by task seed with
+    both arms' seed-to-seed and binomial variance (what separates one learner from another, as the differences from
+    zero-shot above separate each from the base model), each arm against those the protocol lists before it."""
+    t0, default = p.temperatures[0], float(p.interface["temperature"])
+    splits = ("test_seeds", "heldout_tasks")
+    mats = {(a, s): matrix(rows, a, s, t0, default) for a in p.trained_arms() for s in splits}
+    arms = [a for a in p.trained_arms() if any(mats[a, s][0] for s in splits)]
+    pairs = [(b, a) for i, a in enumerate(arms) for b in arms[i + 1:]]  # each later arm against each earlier one
+    if not pairs:
+        return ""
+    lines = [f"**Trained arms against each other** (temperature {t0:g}, paired by task seed, both arms' variances)", "",
+             "| difference | " + " | ".join(splits) + " |", "| --- " * (1 + len(splits)) + "|"]
+    for a, b in pairs:
+        cells = [_diff(*paired_bootstrap(mats[a, s], mats[b, s])) if mats[a, s][0] and mats[b, s][0] else "–"
+                 for s in splits]
+        lines.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def targets_table(p, rows: list[dict[str, Any]]) -> str:
     """The protocol's ``statistics.targets`` (a list of {name, split, arm, against, points, interval_above}; ``arm:
     best_trained`` is the trained arm with the highest rate there, ``best_online`` the best online arm), decided at
@@ -439,6 +459,9 @@ def report(p, results: Path) -> str:
     targets = targets_table(p, rows)
     if targets:
         out += ["**Targets** (primary temperature)", "", targets, ""]
+    pairs = trained_pairs_table(p, rows)
+    if pairs:
+        out += [pairs, ""]
     for section in evidence_sections(p, rows, results):
         out += [section, ""]
     return "\n".join(out).rstrip() + "\n"
