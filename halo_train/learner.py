@@ -48,7 +48,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from halo_train.config import DPOConfig, GRPOConfig, LearnerOptions, TrainConfigError
 
@@ -356,8 +356,11 @@ class Learner:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def save(self, folder: str | os.PathLike[str], extra_files: dict[str, str] | None = None) -> Path:
-        """The adapter (and tokenizer) and ``learner_state.pt`` in ``folder``, renamed into place when complete."""
+    def save(self, folder: str | os.PathLike[str], extra_files: dict[str, str | Callable[[], str]] | None = None) -> Path:
+        """The adapter (and tokenizer) and ``learner_state.pt`` in ``folder``, renamed into place when complete.
+
+        ``extra_files`` are written last, before the rename; a callable is called then, so that what it writes (a
+        stats file with the save's own seconds) is in the folder the moment the folder exists."""
         import torch
 
         final = Path(folder)
@@ -378,7 +381,7 @@ class Learner:
             "options": dataclasses.asdict(self.options),
         }, staging / LEARNER_STATE)
         for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text)
+            (staging / name).write_text(text() if callable(text) else text)
         if final.exists():  # a folder left by an update that was killed after its rename is complete: replace it
             shutil.rmtree(final)
         staging.rename(final)

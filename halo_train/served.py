@@ -330,11 +330,14 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
         first = learner.step - len(result.step_log) + 1
         append_rows(lake, "train_metrics", [row for i, entry in enumerate(result.step_log)
                                             for row in metric_rows(train.run_id, first + i, None, entry)])
-    saved = learner.save(final, {STATS_FILE: json.dumps(stats, indent=2, default=str)})
-    metrics["update_save_seconds"] = time.perf_counter() - t1
-    metrics["update_seconds"] = time.perf_counter() - t0
-    # CPU seconds of this process (every thread): what the update cost, whatever else the machine was doing.
-    metrics["update_cpu_seconds"] = time.process_time() - cpu0
-    stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
-    (saved / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+
+    def final_stats() -> str:  # once the adapter and learner state are written: the folder appears with its seconds
+        metrics["update_save_seconds"] = time.perf_counter() - t1
+        metrics["update_seconds"] = time.perf_counter() - t0
+        # CPU seconds of this process (every thread): what the update cost, whatever else the machine was doing.
+        metrics["update_cpu_seconds"] = time.process_time() - cpu0
+        stats.update(update_seconds=metrics["update_seconds"], update_metrics=metrics)
+        return json.dumps(stats, indent=2, default=str)
+
+    learner.save(final, {STATS_FILE: final_stats})
 

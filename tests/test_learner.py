@@ -60,8 +60,15 @@ def test_a_resumed_learner_makes_the_same_next_adapter_as_an_uninterrupted_one(s
 
     interrupted = Learner.start(cfg, options)
     interrupted.update(cfg)
-    folder = interrupted.save(tmp_path / "out" / "policy-1")
+    staging = tmp_path / "out" / ".policy-1.saving"
+
+    def stats() -> str:  # called once the adapter and state are written, before the folder is renamed into place
+        assert (staging / LEARNER_STATE).exists() and not (tmp_path / "out" / "policy-1").exists()
+        return "written last"
+
+    folder = interrupted.save(tmp_path / "out" / "policy-1", {"training_stats.json": stats, "note.txt": "as given"})
     assert (folder / LEARNER_STATE).exists() and (folder / "adapter_model.safetensors").exists()
+    assert (folder / "training_stats.json").read_text() == "written last" and (folder / "note.txt").read_text() == "as given"
     assert not any(p.name.endswith(".saving") for p in folder.parent.iterdir())  # renamed into place when complete
     del interrupted
     resumed = Learner.resume(cfg, options, folder)
