@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from halo_data.stats import wilson
-from halo_train.experiment.screen import DEFAULT_RULES
+from halo_train.experiment.screen import screening_rules
 
 BOOTSTRAP = 4000
 
@@ -364,8 +364,7 @@ def novelty_table(evidence: dict[str, Any]) -> str:
 def seen_tasks(p, evidence: dict[str, Any]) -> dict[str, list[str]]:
     """Per split, the tasks whose evaluated first pages (zero_shot's) training had seen more often than the
     protocol's screening rule ``max_pages_in_training`` lets a dev page be seen."""
-    rules = {**DEFAULT_RULES, **((p.raw.get("screening") or {}).get("rules") or {})}
-    limit = float(rules["max_pages_in_training"])
+    limit = float(screening_rules(p)["max_pages_in_training"])
     novelty = evidence.get("state_novelty") or {}
     return {split: sorted(task for task, v in per_task.items() if v["first_state_seen"] > limit * v["episodes"])
             for split, per_task in novelty.items()}

@@ -31,6 +31,11 @@ DEFAULT_RULES = {"min_distinct_first_pages": 0.9, "max_pages_in_training": 0.1, 
                  "random_max": 0.5}
 
 
+def screening_rules(p: Protocol) -> dict[str, float]:
+    """The protocol's screening rules (``screening.rules``) over HALO's defaults."""
+    return {**DEFAULT_RULES, **((p.raw.get("screening") or {}).get("rules") or {})}
+
+
 def screening_spec(p: Protocol) -> dict[str, Any]:
     spec = dict(p.raw.get("screening") or {})
     if not spec.get("candidates"):
@@ -38,7 +43,7 @@ def screening_spec(p: Protocol) -> dict[str, Any]:
     spec.setdefault("dev_first", int(p.splits["dev"]["first"]))
     spec.setdefault("dev_seeds", 16)
     spec.setdefault("train_pages", "all")
-    spec["rules"] = {**DEFAULT_RULES, **(spec.get("rules") or {})}
+    spec["rules"] = screening_rules(p)
     return spec
 
 
