@@ -28,7 +28,7 @@ import re
 import time
 from pathlib import Path
 
-from bench.online_learner import _mean, arm_config, arm_results, run_iterations
+from bench.online_learner import _mean, arm_config, arm_results, run_iterations, start
 from bench.reports import save
 
 TASKS = "click-checkboxes,click-option,click-collapsible,choose-list,click-button-sequence,navigate-tree"
@@ -62,15 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.iterations > a.seed_stride or last_train_seed >= a.eval_seed_start:
         ap.error(f"train task seeds must not repeat across seeds (--iterations <= --seed-stride) and must end before "
                  f"--eval-seed-start {a.eval_seed_start} (the last is {last_train_seed})")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-    t0 = time.perf_counter()
-    load_before = os.getloadavg()
-    print(f"load average before: {load_before[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    t0, load_before = start()
     work = Path(a.workdir)
     runs: dict[str, dict] = {}
     for seed in seeds:

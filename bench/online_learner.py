@@ -68,15 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mini-batch-size", type=int, default=8, help="persistent arms: rows per optimizer step (learning-v2's).")
     ap.add_argument("--workdir", default="runs/online-learner", help="Lakes, adapters and logs of the arms (resumed).")
     a = ap.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-    t0 = time.perf_counter()
-    load_before = os.getloadavg()
-    print(f"load average before: {load_before[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    t0, load_before = start()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]
@@ -101,6 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average after: {load_after[0]:.2f}")
     out = save("online-learner", summary, argv)
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")
+
+
+def start() -> tuple[float, tuple[float, float, float]]:
+    """Quiets transformers' logging and prints the load before the runs; the start time and that load."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    return time.perf_counter(), load_before
 
 
 def arm_config(a: argparse.Namespace, arm: str, work: Path):
