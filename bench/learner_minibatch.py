@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(started) == 1:  # the commit every run started at, not the checkout's at the end
         summary["commit"] = started.pop()
     if len(sizes) == 2:
-        summary["comparison"] = compare(runs, *sizes, a.iterations)
+        summary["comparison"] = compare(*(summary["sizes"][str(size)] for size in sizes), *sizes)
     print_summary(summary, sizes)
     print(f"load average after: {load_after[0]:.2f}")
     out = save("learner-minibatch", summary, argv)
@@ -162,12 +162,12 @@ def by_size(runs: dict, size: int, iterations: int) -> dict:
     }
 
 
-def compare(runs: dict, default: int, candidate: int, iterations: int) -> dict:
-    """candidate − default: the primary measure (Newcombe, pooled; Welch, over the seeds' rates), dev success after
-    the last evaluation (Newcombe), the candidate's stability, and the protocol's decision."""
+def compare(d: dict, c: dict, default: int, candidate: int) -> dict:
+    """candidate − default, from their :func:`by_size` figures ``c`` and ``d``: the primary measure (Newcombe,
+    pooled; Welch, over the seeds' rates), dev success after the last evaluation (Newcombe), the candidate's
+    stability, and the protocol's decision."""
     from halo_data.stats import newcombe, welch_interval
 
-    d, c = by_size(runs, default, iterations), by_size(runs, candidate, iterations)
     rates = {size: [s / n for s, n in x["primary"]["by_seed"].values() if n] for size, x in ((default, d), (candidate, c))}
     out: dict = {
         "default": default, "candidate": candidate,

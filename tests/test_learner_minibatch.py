@@ -34,6 +34,10 @@ def _runs(candidate_sampled: int, candidate_dev: int, candidate_kl: float) -> di
     return runs
 
 
+def _compare(runs: dict) -> dict:
+    return compare(by_size(runs, 8, ITERATIONS), by_size(runs, 4, ITERATIONS), 8, 4)
+
+
 def test_candidate_learning_as_well_and_stable_becomes_the_default():
     runs = _runs(candidate_sampled=18, candidate_dev=9, candidate_kl=0.02)
     eight = by_size(runs, 8, ITERATIONS)
@@ -41,7 +45,7 @@ def test_candidate_learning_as_well_and_stable_becomes_the_default():
     assert eight["primary"]["iterations"] == [3, 4]
     assert [e["successes"] for e in eight["dev"]] == [21, 27] and eight["dev"][1]["episodes"] == 72
     assert eight["approx_kl_max"] == pytest.approx(0.004) and eight["optimizer_steps"] == pytest.approx(13.0)
-    c = compare(runs, 8, 4, ITERATIONS)
+    c = _compare(runs)
     d, lo, hi = c["primary_pooled"]
     assert d == pytest.approx((36 - 31) / 96) and lo < d < hi
     assert c["primary_seed_means"][0] == pytest.approx(d)  # the same rate on every seed: no spread between them
@@ -56,7 +60,7 @@ def test_candidate_learning_as_well_and_stable_becomes_the_default():
     (18, 9, 0.08, "stable"),              # one update's KL past 0.05
 ])
 def test_any_failed_check_keeps_the_default(sampled, dev, kl, failed):
-    c = compare(_runs(sampled, dev, kl), 8, 4, ITERATIONS)
+    c = _compare(_runs(sampled, dev, kl))
     assert [k for k, ok in c["checks"].items() if not ok] == [failed]
     assert c["decision"] == 8
 
@@ -70,7 +74,7 @@ def test_report_reads_the_saved_result(tmp_path):
                           "eval_seeds": 4, "eval_every": 2},
               "load_before": [1.0], "load_after": [1.2], "runs": runs,
               "sizes": {"8": by_size(runs, 8, ITERATIONS), "4": by_size(runs, 4, ITERATIONS)},
-              "comparison": compare(runs, 8, 4, ITERATIONS)}
+              "comparison": _compare(runs)}
     (tmp_path / "20261206-190000.json").write_text(json.dumps(result))
     text = report(tmp_path)
     assert "| 8 | 32.3 [" in text and "(93/288)" in text and "| 4 | 37.5 [" in text

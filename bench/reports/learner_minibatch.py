@@ -6,19 +6,10 @@ from __future__ import annotations
 
 import pathlib
 
+from bench.learner_minibatch import DEV_MARGIN
 from bench.reports import load_runs, provenance, table
-
-
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}"
-
-
-def _signed(d: float, lo: float | None, hi: float | None) -> str:
-    return f"{100 * d:+.1f}" + (f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else "")
-
-
-def _num(x, spec: str) -> str:
-    return "–" if x is None else format(x, spec)
+from bench.reports.learning_v1 import _interval, _pct, _signed
+from bench.reports.online_learner import _fmt as _num
 
 
 def report(results_dir: pathlib.Path) -> str:
@@ -36,7 +27,7 @@ def report(results_dir: pathlib.Path) -> str:
             seeds = ", ".join(f"s{seed} {_pct(s / n if n else None)}" for seed, (s, n) in p["by_seed"].items())
             dev = "; ".join(f"{_pct(e['rate'])} ({e['successes']}/{e['episodes']})" for e in x["dev"]) or "–"
             clips = [v for v in x["clip_ratio_mean_by_seed"].values() if v is not None]
-            rows.append([size, f"{_pct(p['rate'])} [{_pct(p['wilson'][0])}, {_pct(p['wilson'][1])}] "
+            rows.append([size, f"{_pct(p['rate'])} {_interval(*p['wilson'])} "
                                f"({p['successes']}/{p['episodes']})", seeds, dev,
                          f"{_num(x['approx_kl_mean'], '.4f')} / {_num(x['approx_kl_max'], '.4f')}",
                          _num(max(clips) if clips else None, ".3f"), _num(x["displacement_from_previous"], ".4f"),
@@ -61,7 +52,7 @@ def report(results_dir: pathlib.Path) -> str:
                          f"{_signed(*c['primary_seed_means'])} over the seeds' rates [Welch]")
             if "dev_last_pooled" in c:
                 lines.append(f"dev success after the last evaluation: {_signed(*c['dev_last_pooled'])} [Newcombe]")
-            checks = {"primary_not_lower": "primary estimate not lower", "dev_within_margin": "dev within 5 points",
+            checks = {"primary_not_lower": "primary estimate not lower", "dev_within_margin": f"dev within {100 * DEV_MARGIN:g} points",
                       "stable": "KL and clip fraction within bounds"}
             lines.append("the protocol's checks: " + ", ".join(
                 f"{checks.get(k, k)} {'yes' if v else 'no'}" for k, v in c["checks"].items())
