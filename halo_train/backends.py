@@ -1,4 +1,5 @@
 """Loading a base model with fresh LoRA weights: unsloth on a CUDA GPU where installed, plain peft otherwise.
+A vision-language model gets LoRA on its language model only; its vision tower stays frozen.
 
 ``--backend auto`` picks unsloth when a CUDA GPU is visible and ``import unsloth``
 works, and peft everywhere else; ``--backend unsloth`` without either is an
@@ -11,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-from typing import Any
+import re
+from typing import Any, Sequence
 
 from halo_train.config import TrainConfig, TrainConfigError, base_model_path
 from halo_train.lora import lora_config, new_adapter, warm_start
@@ -137,16 +139,12 @@ def disable_dropout(model) -> None:
 def _load_vlm(cfg: TrainConfig, name: str, backend: str) -> LoadedModel:
     if backend == "unsloth":
         return _load_unsloth_vision(cfg, name)
-    from halo_train.vlm import load_vlm_for_training
-
     model, processor = load_vlm_for_training(cfg, name, training_dtype())
     return LoadedModel(model, processor, "peft")
 
 
 def _load_unsloth_vision(cfg: TrainConfig, name: str) -> LoadedModel:
     from unsloth import FastVisionModel  # optional GPU extra
-
-    from halo_train.vlm import check_vision_frozen
 
     model, processor = FastVisionModel.from_pretrained(model_name=name, load_in_4bit=False)
     model = FastVisionModel.get_peft_model(
@@ -166,6 +164,56 @@ def _load_unsloth_vision(cfg: TrainConfig, name: str) -> LoadedModel:
     check_vision_frozen(model)
     log.info("loaded VLM %s with LoRA r=%d through unsloth", name, cfg.lora_r)
     return LoadedModel(model, processor, "unsloth")
+
+
+def language_model_targets(model, target_modules: Sequence[str]) -> list[str]:
+    """Names of the LoRA target modules that belong to the language model (never the vision tower)."""
+    wanted = set(target_modules)
+    names = [n for n, _ in model.named_modules() if "language_model" in n and n.rsplit(".", 1)[-1] in wanted]
+    if not names:
+        raise TrainConfigError(
+            f"--target-modules {', '.join(target_modules)} match no layer of the language model: "
+            "use its linear layers, e.g. q_proj,v_proj"
+        )
+    return names
+
+
+def load_vlm_for_training(cfg: TrainConfig, name: str, dtype):
+    """A Qwen-VL model with LoRA on the language model only, and its processor."""
+    from peft import LoraConfig
+
+    from halo_agent.vlm import load_processor, load_vlm
+
+    try:
+        processor = load_processor(name)
+        model = load_vlm(name, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise TrainConfigError(f"cannot load vision-language base model {name}: {str(e).splitlines()[0]}") from None
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    targets = language_model_targets(model, cfg.target_modules)
+    if cfg.init_adapter:
+        model = warm_start(model, cfg.init_adapter, cfg.lora_dropout)
+    else:
+        # An explicit regex of full names: peft would otherwise also match the vision tower's
+        # gate/up/down projections (Qwen2.5-VL, Qwen3-VL) by suffix.
+        pattern = "|".join(re.escape(t) for t in targets)
+        config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                            target_modules=f"^(?:{pattern})$", bias="none", task_type="CAUSAL_LM")
+        model = new_adapter(model, config, cfg.seed)
+    check_vision_frozen(model)
+    log.info("loaded VLM %s with LoRA r=%d on %d language-model layers", name, cfg.lora_r, len(targets))
+    return model, processor
+
+
+def vision_parameters(model) -> dict[str, Any]:
+    return {n: p for n, p in model.named_parameters() if ".visual." in f".{n}" or n.startswith("visual.")}
+
+
+def check_vision_frozen(model) -> None:
+    trainable = [n for n, p in vision_parameters(model).items() if p.requires_grad]
+    if trainable:
+        raise TrainConfigError(f"the vision tower would train ({trainable[0]}, ...): LoRA goes on the language model only")
 
 
 def _load_unsloth(cfg: TrainConfig, name: str) -> LoadedModel:

@@ -121,7 +121,8 @@ def test_vlm_bc_on_miniwob_screenshots(world):
 
 def test_an_update_moves_lora_and_leaves_the_vision_tower(world):
     from halo_train.config import BCConfig
-    from halo_train.vlm import BCCollator, ScreenshotStore, VLMBatchEncoder, load_vlm_for_training, vision_parameters
+    from halo_train.backends import load_vlm_for_training, vision_parameters
+    from halo_train.vlm import BCCollator, ScreenshotStore, VLMBatchEncoder
 
     cfg = BCConfig(lake=world["lake"], base_model=world["model"], lora_r=4, lora_alpha=8)
     model, processor = load_vlm_for_training(cfg, world["model"], torch.float32)

@@ -44,7 +44,7 @@ class RolloutActor:
         from halo_agent.browser import ensure_environment
         from halo_agent.rewards import RewardConfig
         from halo_agent.rollout.episode import EpisodeRunner
-        from halo_agent.rollout.run import Progress, Tally
+        from halo_agent.rollout.tally import Progress, Tally
 
         logging.basicConfig(level=os.environ.get("HALO_LOG_LEVEL", "WARNING"))
         ensure_environment()
