@@ -29,6 +29,7 @@ from typing import Any
 
 from halo_data import ids, prompts
 from halo_data import schema as S
+from halo_data.imported import ImportedEpisode, ImportFormatError, build_record, safe_run_id
 from halo_data.records import EpisodeRecord, StepRecord
 
 COLUMNS = ("group_index", "reward", "messages")
@@ -48,8 +49,6 @@ def sniff(path: Path) -> bool:
 
 
 def _json(value: Any, where: str, name: str) -> Any:
-    from halo_data.importers import ImportFormatError
-
     if value is None or value == "":
         return {}
     try:
@@ -77,12 +76,10 @@ def _tool_calls(raw: Any, where: str) -> str | None:
     return "\n".join(out) or None
 
 
-def read_art_source(path: Path, run_id: str | None, failures: list[str]) -> Iterator[Any]:
+def read_art_source(path: Path, run_id: str | None, failures: list[str]) -> Iterator[ImportedEpisode]:
     """The episodes of one ART Parquet file; a bad row is reported in ``failures`` and skipped."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from halo_data.importers import ImportFormatError, _record, _safe_run_id
 
     try:
         table = pq.read_table(path)
@@ -94,19 +91,17 @@ def read_art_source(path: Path, run_id: str | None, failures: list[str]) -> Iter
         failures.append(f"{path}: not an ART trajectory log: no {', '.join(missing)} column")
         return
     default_run, version = _run_and_version(path)
-    run = run_id or _safe_run_id(default_run)
+    run = run_id or safe_run_id(default_run)
     model = path.parts[-4] if len(path.parts) >= 5 and path.parts[-5] == "models" else None
     for n, row in enumerate(table.to_pylist()):
         where = f"{path}:row {n}"
         try:
-            yield _episode(row, where, path, run, model, version, _record)
+            yield _episode(row, where, path, run, model, version)
         except ImportFormatError as e:
             failures.append(str(e))
 
 
-def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str | None, version: str, _record) -> Any:
-    from halo_data.importers import ImportedEpisode, ImportFormatError
-
+def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str | None, version: str) -> ImportedEpisode:
     messages = row["messages"]
     if not isinstance(messages, list) or not messages:
         raise ImportFormatError(f"{where}: no messages")
@@ -129,7 +124,7 @@ def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str |
             output = message.get("content")
             action = _tool_calls(message.get("tool_calls"), where) or output
             last = i == chosen[-1]
-            steps.append(_record(f"{where}: message {i}", StepRecord,
+            steps.append(build_record(f"{where}: message {i}", StepRecord,
                                  step_idx=len(steps), goal=goal, observation=observation,
                                  prompt=prompts.dumps([{k: v for k, v in m.items() if v is not None} for m in history]),
                                  prompt_version="art-messages", model_output=output, action=action,
@@ -146,7 +141,7 @@ def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str |
     task = next((str(metadata[k]) for k in _TASK_KEYS if metadata.get(k) is not None), None)
     task = task or f"{path.stem}-group-{row['group_index']}"
     success = metadata.get("success")
-    episode = _record(where, EpisodeRecord, run_id=run, env="art", task_id=task, mode="imported", policy="art",
+    episode = build_record(where, EpisodeRecord, run_id=run, env="art", task_id=task, mode="imported", policy="art",
                       model=model, policy_version=version, success=success if isinstance(success, bool) else None,
                       task_reward=float(reward) if reward is not None else None, n_steps=len(steps))
     run_fields = {"run_id": run, "kind": "rollout", "mode": "imported", "env": "art", "policy": "art", "model": model}

@@ -44,6 +44,16 @@ import pyarrow as pa
 from halo_data import __version__, ids
 from halo_data import schema as S
 from halo_data.atif_schema import SPEC_VERSION, validate
+from halo_data.imported import (
+    ImportedEpisode,
+    ImportFormatError,
+    build_record,
+    parse_time,
+    read_json_file,
+    safe_run_id,
+    site_and_version,
+    text_prompt,
+)
 from halo_data.lake import Lake, LakeError
 from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.writer import Screenshot
@@ -253,11 +263,9 @@ def sniff(path: Path) -> bool:
     return bool(_SNIFF.search(head))
 
 
-def read_atif_source(path: Path, run_id: str | None, failures: list[str]) -> Iterator[Any]:
+def read_atif_source(path: Path, run_id: str | None, failures: list[str]) -> Iterator[ImportedEpisode]:
     """The episodes of an ATIF file: one document (.json) or one per line (.jsonl). A malformed document is
     reported in ``failures`` (``FILE: what is wrong``, ``FILE:LINE:`` in JSONL) and nothing of it is returned."""
-    from halo_data.importers import ImportFormatError, _read_json_file
-
     if path.suffix == ".jsonl":
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -278,7 +286,7 @@ def read_atif_source(path: Path, run_id: str | None, failures: list[str]) -> Ite
                 failures.append(str(e))
         return
     try:
-        doc = _read_json_file(path)
+        doc = read_json_file(path)
         yield read_document(doc, str(path), path.parent, run_id, default_task=path.stem)
     except ImportFormatError as e:
         failures.append(str(e))
@@ -293,8 +301,6 @@ def _text_of(content: Any) -> str | None:
 
 def _image_of(content: Any, where: str, folder: Path, shots: dict[str, Screenshot]) -> str | None:
     """The hash of the first image of ``content`` (its file read and kept in ``shots``); None without an image."""
-    from halo_data.importers import ImportFormatError
-
     if not isinstance(content, list):
         return None
     for part in content:
@@ -348,17 +354,8 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def read_document(doc: Any, where: str, folder: Path, run_id: str | None, default_task: str = "atif") -> Any:
+def read_document(doc: Any, where: str, folder: Path, run_id: str | None, default_task: str = "atif") -> ImportedEpisode:
     """One ATIF document as an ``ImportedEpisode``; ``ImportFormatError`` (``where: what is wrong``) if it is not valid."""
-    from halo_data.importers import (
-        ImportedEpisode,
-        ImportFormatError,
-        _prompt,
-        _record,
-        _safe_run_id,
-        _site_and_version,
-    )
-
     problems = validate(doc)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -426,7 +423,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             "observation": observation,
             "screenshot_hash": shot,
             "screenshot_after_hash": kept.get("screenshot_after_hash", after_shot),
-            "prompt": kept.get("prompt") or _prompt(step_goal, url, observation, history, shot),
+            "prompt": kept.get("prompt") or text_prompt(step_goal, url, observation, history, shot),
             "prompt_version": kept.get("prompt_version"),
             # no model output where no model ran (llm_call_count 0: a deterministic dispatch, never trained on)
             "model_output": None if s.get("llm_call_count") == 0 or (from_halo and s["message"] == "") else _text_of(s["message"]),
@@ -455,7 +452,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         }
         if fields["logprob_sum"] is None and fields["logprobs"]:
             fields["logprob_sum"] = float(sum(fields["logprobs"]))
-        records.append(_record(swhere, StepRecord, **fields))
+        records.append(build_record(swhere, StepRecord, **fields))
         if action:
             history.append(action)
         page_text, page_url, page_shot = after_text, after_url, after_shot
@@ -466,8 +463,8 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     success = success if isinstance(success, bool) else None
     task_id = halo.get("task_id") or next((extra[k] for k in ("task_id", "task_name") if isinstance(extra.get(k), str) and extra[k]), None)
     task_id = task_id or doc.get("trajectory_id") or doc.get("session_id") or default_task
-    site, version = _site_and_version(task_id)
-    run = run_id or _safe_run_id(doc.get("session_id") or f"atif-{folder.name}")
+    site, version = site_and_version(task_id)
+    run = run_id or safe_run_id(doc.get("session_id") or f"atif-{folder.name}")
     started = halo.get("started_at") or steps_in[0].get("timestamp")  # an ISO 8601 time: the schema checked it
     fields = {
         "run_id": run,
@@ -492,13 +489,13 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         "truncated": halo.get("truncated", _typed(outcome.get("truncated"), bool)),
         "error": halo.get("error", _typed(outcome.get("error"), str)),
         "error_kind": halo.get("error_kind"),
-        "started_at": _time(started, where),
-        "ended_at": _time(halo.get("ended_at"), where),
+        "started_at": parse_time(started, where),
+        "ended_at": parse_time(halo.get("ended_at"), where),
     }
     attempt = halo.get("attempt_idx")
     if attempt is not None:
         fields["attempt_idx"] = attempt
-    episode = _record(where, EpisodeRecord, **fields)
+    episode = build_record(where, EpisodeRecord, **fields)
     run_fields = {"run_id": run, "kind": "rollout", "mode": episode.mode, "env": episode.env, "policy": episode.policy,
                   "model": episode.model, "adapter": episode.adapter, "policy_version": episode.policy_version}
     return ImportedEpisode(where, episode, records, list(shots.values()), run_fields, attempt_given=attempt is not None)
@@ -508,7 +505,3 @@ def _typed(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) else None
 
 
-def _time(value: Any, where: str) -> dt.datetime | None:
-    from halo_data.importers import _timestamp
-
-    return _timestamp(value, where)

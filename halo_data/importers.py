@@ -91,10 +91,20 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from halo_data import ids, prompts
+from halo_data import ids
 from halo_data import schema as S
+from halo_data.imported import (
+    ImportedEpisode,
+    ImportFormatError,
+    build_record,
+    parse_time,
+    read_json_file,
+    safe_run_id,
+    site_and_version,
+    text_prompt,
+)
 from halo_data.lake import Lake, LakeError
-from halo_data.records import EpisodeRecord, RecordError, StepRecord
+from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.runs import RunRecord, provenance, upsert_runs, utc_now
 from halo_data.writer import EpisodeWriter, Screenshot
 
@@ -104,13 +114,8 @@ FLUSH_EPISODES = 50
 IMPORT_FORMATS = ("auto", "agisdk", "jsonl", "atif", "art")
 _AGISDK_DIR = re.compile(r"_on_(?P<task>.+)_(?P<seed>\d+)_[0-9a-f]{32}(?:_\d+)?$")
 _STEP_PICKLE = re.compile(r"^step_(\d+)\.pkl\.gz$")
-_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # agisdk records only the environment's reward: the other components are unknown (NULL), not 0.
 _ONLY_SUCCESS_KNOWN = dict.fromkeys(S.REWARD_COMPONENTS)
-
-
-class ImportFormatError(LakeError):
-    """A source that cannot be imported; its message starts with ``FILE:LINE:``."""
 
 
 @dataclasses.dataclass
@@ -121,24 +126,6 @@ class ImportReport:
     skipped: int = 0  # already in the lake (same deterministic episode id)
     failures: list[str] = dataclasses.field(default_factory=list)
     run_ids: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class ImportedEpisode:
-    source: str
-    episode: EpisodeRecord
-    steps: list[StepRecord]
-    screenshots: list[Screenshot]
-    run_fields: dict[str, Any]
-    attempt_given: bool = False  # else the import numbers the attempts of a (run, task, task_seed)
-
-
-def _record(where: str, record: type, **fields: Any) -> Any:
-    """``record(**fields)``; a field the record refuses is reported at ``where`` like any malformed source."""
-    try:
-        return record(**fields)
-    except RecordError as e:
-        raise ImportFormatError(f"{where}: {e}") from None
 
 
 # ---------------------------------------------------------------------- discovery
@@ -181,41 +168,6 @@ def find_sources(paths: Iterable[str | Path], fmt: str = "auto") -> list[tuple[s
             "(summary_info.json) or per-episode .jsonl files"
         )
     return unique
-
-
-def _safe_run_id(text: str) -> str:
-    cleaned = _RUN_ID_UNSAFE.sub("-", text).strip("-._")[:120] or "import"
-    return ids.check_run_id(cleaned if cleaned[0].isalnum() else "i" + cleaned)
-
-
-def _site_and_version(task_id: str) -> tuple[str | None, str | None]:
-    """``v2.omnizon-1`` -> (omnizon, v2); ``miniwob.click-button`` -> (miniwob, None)."""
-    head, _, rest = task_id.partition(".")
-    if head == "miniwob":
-        return "miniwob", None
-    version = head if re.fullmatch(r"v\d+", head) and rest else None
-    name = rest if version else task_id
-    return re.sub(r"-\d+$", "", name) or None, version
-
-
-def _timestamp(value: Any, where: str) -> dt.datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return dt.datetime.fromtimestamp(float(value), dt.timezone.utc)
-    if isinstance(value, str):
-        try:
-            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise ImportFormatError(f"{where}: {value!r} is not an ISO 8601 time or Unix seconds") from None
-        return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
-    raise ImportFormatError(f"{where}: {value!r} is not an ISO 8601 time or Unix seconds")
-
-
-def _prompt(goal: str | None, url: str | None, observation: str | None, history: list[str], screenshot_hash: str | None) -> str:
-    """The prompt a text policy would have seen; the record adds its version and hash."""
-    return prompts.dumps(prompts.render_messages(goal or "", url or "", observation or "", history=history,
-                                                 screenshot_hash=screenshot_hash))
 
 
 # ---------------------------------------------------------------------- agisdk pickles
@@ -377,7 +329,7 @@ def _agisdk_steps(folder: Path, step_infos: list[tuple[int, Any]], shots: dict[i
         if _attr(next_profiling, "env_stop") and _attr(next_profiling, "env_start"):
             env_ms = 1000.0 * (float(_attr(next_profiling, "env_stop")) - float(_attr(next_profiling, "env_start")))
         step_reward = float(_attr(nxt, "reward") or 0.0) if nxt is not None else 0.0
-        steps.append(_record(
+        steps.append(build_record(
             str(folder / f"step_{n}.pkl.gz"), StepRecord,
             step_idx=len(steps),
             url=url,
@@ -385,7 +337,7 @@ def _agisdk_steps(folder: Path, step_infos: list[tuple[int, Any]], shots: dict[i
             observation=observation,
             screenshot_hash=shot.hash if shot else None,
             screenshot_after_hash=after.hash if after else None,
-            prompt=_prompt(goal, url, observation, history, shot.hash if shot else None),
+            prompt=text_prompt(goal, url, observation, history, shot.hash if shot else None),
             model_output=_model_output(_attr(info, "agent_info"), action),
             action=action,
             action_source="model",
@@ -404,7 +356,7 @@ def _agisdk_steps(folder: Path, step_infos: list[tuple[int, Any]], shots: dict[i
 
 def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
     summary_path = folder / "summary_info.json"
-    summary = _read_json_file(summary_path)
+    summary = read_json_file(summary_path)
     if not isinstance(summary, dict):
         raise ImportFormatError(f"{summary_path}:1: expected a JSON object")
     match = _AGISDK_DIR.search(folder.name)
@@ -413,7 +365,7 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
         raise ImportFormatError(f"{summary_path}: no task_name, and the folder name does not say the task")
     task_seed = int(match.group("seed")) if match else 0
     finish_path = folder / "finish_state.json"
-    finish_state = _read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
+    finish_state = read_json_file(finish_path) if finish_path.exists() else summary.get("finish_state") or None
 
     goal_object = None
     if (folder / "goal_object.pkl.gz").exists():
@@ -430,11 +382,11 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
         # No step pickles: one step carrying the outcome, so the episode still counts.
         goal = _text(goal_object)
         answer = summary.get("agent_response") or None
-        steps.append(_record(
+        steps.append(build_record(
             str(summary_path), StepRecord,
             step_idx=0,
             goal=goal,
-            prompt=_prompt(goal, "", "", [], None),
+            prompt=text_prompt(goal, "", "", [], None),
             model_output=answer,
             action=f"send_msg_to_user({json.dumps(answer)})" if answer else None,
             action_source="model",
@@ -449,10 +401,10 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
                        "agent_response": summary.get("agent_response"), "max_steps": summary.get("max_steps")},
         }, default=str),
     )
-    site, version = _site_and_version(task_id)
-    run = run_id or _safe_run_id(f"agisdk-{summary.get('run_uuid') or folder.parent.name}")
+    site, version = site_and_version(task_id)
+    run = run_id or safe_run_id(f"agisdk-{summary.get('run_uuid') or folder.parent.name}")
     model = summary.get("model_name")
-    episode = _record(
+    episode = build_record(
         str(summary_path), EpisodeRecord,
         run_id=run, env="real", task_id=task_id, site=site, task_version=version,
         mode="agisdk", policy="agisdk", model=None if model in (None, "unknown") else model,
@@ -465,17 +417,6 @@ def read_agisdk_folder(folder: Path, run_id: str | None) -> ImportedEpisode:
                   "model": episode.model, "task_version": version}
     screenshots = list({s.hash: s for s in shots.values()}.values())
     return ImportedEpisode(str(folder), episode, steps, screenshots, run_fields)
-
-
-def _read_json_file(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ImportFormatError(f"{path}: cannot read: {e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ImportFormatError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
 
 
 def _load_pickle_checked(path: Path) -> Any:
@@ -599,7 +540,7 @@ def _jsonl_step_fields(path: Path, start: dict[str, Any], records: list[tuple[in
             "goal": goal or None,
             "observation": observation or None,
             "screenshot_hash": shot.hash if shot else None,
-            "prompt": _prompt(goal, url, observation, history, shot.hash if shot else None),
+            "prompt": text_prompt(goal, url, observation, history, shot.hash if shot else None),
             "model_output": output,
             "action": action,
             "action_source": "model",
@@ -626,7 +567,7 @@ def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
     where0 = f"{path}:{start['_line']}"
     end_where = f"{path}:{end.get('_line', '?')}"
     task_id = start["task_id"]
-    site, version = _site_and_version(task_id)
+    site, version = site_and_version(task_id)
     last_record = records[-1][1]
     if "success" in end:
         success = bool(end["success"])
@@ -650,16 +591,16 @@ def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
             fields["extra"] = json.dumps({**extra, "episode_start": unknown_start}, default=str)
         else:
             fields["extra"] = json.dumps(extra) if extra else None
-        steps.append(_record(where, StepRecord, **fields))
+        steps.append(build_record(where, StepRecord, **fields))
     run = run_id or _string(start, "run_id", where0) or _string(start, "run", where0)
-    run = _safe_run_id(run) if run else _safe_run_id(f"import-{path.parent.name}")
+    run = safe_run_id(run) if run else safe_run_id(f"import-{path.parent.name}")
     temperature = _number(start, "worker_temperature", where0)
     if temperature is None:
         temperature = _number(start, "temperature", where0)
     env = _string(start, "env", where0) or ("miniwob" if task_id.startswith("miniwob.") else "real")
     error = _string(end, "error", end_where) if end else None
     attempt_idx = _number(start, "attempt_idx", where0, int)
-    episode = _record(
+    episode = build_record(
         where0, EpisodeRecord,
         run_id=run, env=env, task_id=task_id, site=_string(start, "site", where0) or site,
         task_version=_string(start, "task_version", where0) or version,
@@ -672,8 +613,8 @@ def read_jsonl_episode(path: Path, run_id: str | None) -> ImportedEpisode:
         success=success, task_reward=task_reward, n_steps=len(steps),
         terminated=bool(last_record.get("done")) or success, truncated=False,
         error=error, error_kind="env" if error else None,
-        started_at=_timestamp(start.get("started_at"), where0),
-        ended_at=_timestamp(end.get("ended_at"), end_where) if end else None,
+        started_at=parse_time(start.get("started_at"), where0),
+        ended_at=parse_time(end.get("ended_at"), end_where) if end else None,
     )
     run_fields = {"run_id": run, "kind": "rollout", "mode": episode.mode, "env": env, "policy": episode.policy,
                   "model": episode.model, "policy_version": episode.policy_version}
