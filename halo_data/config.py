@@ -7,10 +7,13 @@ shaped reward that views compute, so re-weighting needs no new rollouts.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
 
+from halo_data import schema as S
+from halo_data.errors import LakeError
 from halo_data.schema import REWARD_COMPONENTS
 
 
@@ -113,3 +116,34 @@ def load_yaml_or_json(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping")
     return data
+
+
+def parse_as_of(as_of: str | int | None) -> dict[str, Any] | dt.datetime | None:
+    """``--as-of`` values: ``12`` (the steps table's version), ``steps=12,runs=3``, or an ISO time."""
+    if as_of is None or as_of == "":
+        return None
+    if isinstance(as_of, int):
+        return {"steps": as_of}
+    text = str(as_of).strip()
+    if text.isdigit():
+        return {"steps": int(text)}
+    if "=" in text:
+        out: dict[str, Any] = {}
+        for part in text.split(","):
+            name, _, v = part.partition("=")
+            name = name.strip()
+            if name not in S.TABLES:
+                raise LakeError(f"--as-of names unknown table {name!r}; tables are {', '.join(S.TABLES)}")
+            if not v.strip().isdigit():
+                raise LakeError(f"--as-of {name}={v!r}: a version is a non-negative integer")
+            out[name] = int(v)
+        return out
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise LakeError(
+            f"--as-of {text!r} is not a version: give N (steps), TABLE=N[,TABLE=N] or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when

@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from halo_data import schema as S
+from halo_data._version import __version__
+from halo_data.errors import LakeError
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +104,6 @@ def writer_properties(table: str | None = None):
     return WriterProperties(compression="ZSTD", compression_level=3)
 
 
-class LakeError(Exception):
-    """An error a user can act on; the CLI prints it as one ``Error: ...`` line."""
-
-
 class LakeNotFound(LakeError):
     pass
 
@@ -125,8 +123,6 @@ class LakeInfo:
 
     @classmethod
     def current(cls) -> "LakeInfo":
-        from halo_data import __version__
-
         return cls(
             format_version=S.FORMAT_VERSION,
             tables={
@@ -188,26 +184,6 @@ def _local_path(root: str) -> Path:
     return Path(root)
 
 
-def duckdb_type(t: pa.DataType) -> str:
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "VARCHAR"
-    if pa.types.is_int64(t):
-        return "BIGINT"
-    if pa.types.is_int32(t):
-        return "INTEGER"
-    if pa.types.is_float64(t):
-        return "DOUBLE"
-    if pa.types.is_boolean(t):
-        return "BOOLEAN"
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "BLOB"
-    if pa.types.is_list(t):
-        return duckdb_type(t.value_type) + "[]"
-    raise TypeError(f"no DuckDB type for {t}")
-
-
 def conform(table: pa.Table, spec: S.TableSpec) -> pa.Table:
     """Cast ``table`` to the spec's schema: missing columns become NULL, unknown ones are an error."""
     unknown = [n for n in table.column_names if n not in spec.column_names]
@@ -221,37 +197,6 @@ def conform(table: pa.Table, spec: S.TableSpec) -> pa.Table:
         else:
             cols.append(pa.nulls(table.num_rows, c.type))
     return pa.Table.from_arrays(cols, schema=spec.schema)
-
-
-def parse_as_of(as_of: str | int | None) -> dict[str, Any] | dt.datetime | None:
-    """``--as-of`` values: ``12`` (the steps table's version), ``steps=12,runs=3``, or an ISO time."""
-    if as_of is None or as_of == "":
-        return None
-    if isinstance(as_of, int):
-        return {"steps": as_of}
-    text = str(as_of).strip()
-    if text.isdigit():
-        return {"steps": int(text)}
-    if "=" in text:
-        out: dict[str, Any] = {}
-        for part in text.split(","):
-            name, _, v = part.partition("=")
-            name = name.strip()
-            if name not in S.TABLES:
-                raise LakeError(f"--as-of names unknown table {name!r}; tables are {', '.join(S.TABLES)}")
-            if not v.strip().isdigit():
-                raise LakeError(f"--as-of {name}={v!r}: a version is a non-negative integer")
-            out[name] = int(v)
-        return out
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise LakeError(
-            f"--as-of {text!r} is not a version: give N (steps), TABLE=N[,TABLE=N] or an ISO time"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when
 
 
 class Lake:

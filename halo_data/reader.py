@@ -15,7 +15,9 @@ import duckdb
 import pyarrow as pa
 
 from halo_data import schema as S
-from halo_data.config import ViewParams
+from halo_data.config import ViewParams, parse_as_of
+from halo_data.errors import LakeError
+from halo_data.schema import duckdb_type
 
 if TYPE_CHECKING:
     from halo_data.lake import Lake
@@ -39,8 +41,6 @@ DERIVED = {"prompt_hash": ("prompt", "sha256(prompt)")}
 
 
 def _projection(spec: S.TableSpec, have: set[str], extra: list[str]) -> str:
-    from halo_data.lake import duckdb_type
-
     parts = []
     for c in spec.columns:
         if c.name in have:
@@ -62,8 +62,6 @@ def _same_columns_in_every_file(lake: Lake, name: str, dtab: Any, table_schema: 
     only columns added later (an older lake's schema evolved) can be missing from some files."""
     key = (lake.table_uri(name), dtab.metadata().id, tuple(table_schema.names))
     if key not in _SAME_COLUMNS:
-        from halo_data.lake import LakeError
-
         try:
             first = pa.schema(lake.table(name, 0).schema().to_arrow())
         except LakeError:  # version 0's log entry cleaned up: nothing to say when columns were added
@@ -110,8 +108,6 @@ def register_table(con: duckdb.DuckDBPyConnection, lake: "Lake", name: str, vers
         have = set(table_schema.names)
     extra = [n for n in table_schema.names if n not in spec.column_names and (source is None or n in have)]
     if source is None:
-        from halo_data.lake import duckdb_type
-
         cols = [f'CAST(NULL AS {duckdb_type(c.type)}) AS "{c.name}"' for c in spec.columns]
         cols += [f'CAST(NULL AS {duckdb_type(table_schema.field(n).type)}) AS "{n}"' for n in extra]
         con.execute(f'CREATE OR REPLACE VIEW "{view_name}" AS SELECT {", ".join(cols)} WHERE false')
@@ -138,7 +134,6 @@ def connect(lake: "Lake", as_of: Any = None, params: ViewParams | dict | None = 
     unknown = set(tables or ()) - set(S.TABLES)
     if unknown:
         raise ValueError(f"no such table: {', '.join(sorted(unknown))}")
-    from halo_data.lake import parse_as_of
     from halo_data.views import create_views
 
     if params is None:

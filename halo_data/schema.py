@@ -328,3 +328,23 @@ TABLES: dict[str, TableSpec] = {
 EPISODE_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in STEPS.columns[: [c.name for c in STEPS.columns].index("step_idx")]
 )
+
+
+def duckdb_type(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "VARCHAR"
+    if pa.types.is_int64(t):
+        return "BIGINT"
+    if pa.types.is_int32(t):
+        return "INTEGER"
+    if pa.types.is_float64(t):
+        return "DOUBLE"
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "BLOB"
+    if pa.types.is_list(t):
+        return duckdb_type(t.value_type) + "[]"
+    raise TypeError(f"no DuckDB type for {t}")

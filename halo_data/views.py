@@ -12,6 +12,8 @@ from pathlib import Path
 
 import duckdb
 
+from halo_data.errors import LakeError
+
 SQL_DIR = Path(__file__).parent / "sql"
 # Macros the views use (order-independent aggregates), created before them.
 MACROS = SQL_DIR / "macros.sql"
@@ -55,8 +57,6 @@ def get_view(name: str) -> View:
     for v in all_views():
         if v.name == name:
             return v
-    from halo_data.lake import LakeError
-
     raise LakeError(f"unknown view {name!r}: `halo-data views` lists them ({', '.join(view_names())})")
 
 

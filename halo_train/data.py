@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from halo_data import prompts
 from halo_data import schema as S
-from halo_data.lake import Lake, LakeError, parse_as_of
+from halo_data.config import parse_as_of
+from halo_data.lake import Lake, LakeError
 from halo_train.config import TrainConfig, TrainConfigError
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from halo_data import ids
 from halo_data import schema as S
-from halo_data.lake import INFO_PATH, Lake, LakeError, LakeNotFound, LakeVersionError, parse_as_of
+from halo_data.config import parse_as_of
+from halo_data.lake import INFO_PATH, Lake, LakeError, LakeNotFound, LakeVersionError
 from halo_data.writer import EpisodeWriter
 
 
