@@ -23,6 +23,12 @@ Iteration k:
    ``runs`` row, its metrics in ``train_metrics`` (step = k).
 
 An iteration whose trees give no pair is recorded without an update; the version stays.
+
+Resume. An iteration is complete once its record is in the ``runs`` row. ``--resume`` (the run id from
+``OUTPUT/online_run.json``) loads the version served after the last complete one and redoes the rest of the
+interrupted iteration: its search run searches only the trees the lake lacks (a tree lands whole or not at all),
+and a version folder already saved but not yet recorded is adopted, not trained again. The persistent learner
+continues from that folder's ``learner_state.pt``: the same optimizer state, step and generators.
 """
 
 from __future__ import annotations
@@ -30,17 +36,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from halo_agent.search.config import SearchOptions
 from halo_data.lake import Lake
-from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
-    OnlineSummary, Served, ServedLoopConfig, learner_update, marks_status, open_engine, record_iteration,
+    OnlineSummary, Served, ServedLoopConfig, latest_adapter, learner_update, loop_run_id, marks_status, open_engine,
+    record_iteration, serve_start, start_record,
 )
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,8 @@ class MCTSConfig(ServedLoopConfig, SearchOptions):
     max_tokens: int = _field(32, "Most tokens an action may take.")
     lr: float = _field(5e-5, "Learning rate of each DPO update.")
     beta: float = _field(0.1, "DPO beta.")
-    run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>).")
+    run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>; --resume reads it from OUTPUT).")
+    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
 
     def __post_init__(self) -> None:
         self.check_served_loop(MCTSError)
@@ -70,56 +77,54 @@ class MCTSConfig(ServedLoopConfig, SearchOptions):
 
 
 def run_mcts(cfg: MCTSConfig, echo: Callable[[str], None] = print) -> OnlineSummary:
-    """Run the Agent Q loop; one line per iteration through ``echo``."""
+    """Run (or resume) the Agent Q loop; one line per iteration through ``echo``."""
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if any(out.glob("policy-*")):
-        raise MCTSError(f"{out} already holds policy-* adapters: choose another --output-dir")
     lake = Lake.init(cfg.lake)
-    run_id = cfg.run_id or f"mcts-{utc_now().strftime('%Y%m%dT%H%M%S')}"
-    if existing_run(lake, run_id) is not None:
-        raise MCTSError(f"run {run_id!r} already exists in {cfg.lake}: choose another --run-id")
-    record = RunRecord(
-        run_id=run_id, kind="train", mode="mcts", job_type="mcts", env=cfg.env, policy="openai", base_model=cfg.base_model,
-        model=cfg.base_model, config=cfg.to_dict(), command=list(sys.argv), status="running",
-        output_dir=str(out.resolve()), started_at=utc_now(), source_view="dpo_pairs",
-    )
-    upsert_runs(lake, [record])
-    iterations: list[dict[str, Any]] = []
-    served = Served(None, 0)
+    run_id = loop_run_id(cfg, out, "mcts", MCTSError)
+    record, iterations = start_record(cfg, lake, run_id, "mcts", "dpo_pairs", MCTSError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
-        for k in range(cfg.iterations):
-            it, served = _iteration(cfg, lake, engine, base_name, run_id, k, served)
+        served = serve_start(engine, cfg, iterations, MCTSError)
+        trained = latest_adapter(cfg, iterations)
+        for k in range(len(iterations), cfg.iterations):
+            it, served, trained = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
             record = record_iteration(lake, record, cfg, iterations, it, served)
             echo(_describe(it))
     return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
 
 
-def _iteration(cfg: MCTSConfig, lake: Lake, engine, base_name: str, run_id: str, k: int, served: Served) -> tuple[dict[str, Any], Served]:
+def _iteration(cfg: MCTSConfig, lake: Lake, engine, base_name: str, run_id: str, k: int, served: Served,
+               trained: Served) -> tuple[dict[str, Any], Served, Served]:
+    """Search with ``served`` (the run ``RUN-k{k}``, resumed where the lake holds it), then update ``trained``, the
+    newest version, on its pairs and load the result."""
     search_run = f"{run_id}-k{k}"
-    summary = _search(cfg, engine, base_name, served, search_run, cfg.train_seed_start + k * cfg.task_seeds)
-    pairs = _count_pairs(lake, search_run)
+    summary = _search(cfg, lake, engine, base_name, served, search_run, cfg.train_seed_start + k * cfg.task_seeds)
+    if summary.status == "interrupted":
+        raise KeyboardInterrupt  # the run is marked interrupted; --resume searches the trees still missing
+    trees, pairs = _search_figures(lake, search_run), _count_pairs(lake, search_run)
     metrics: dict[str, float] = {
-        "policy_version": served.version, "trees": summary.trees_written, "solved_rate/search": summary.solved / max(summary.trees_written, 1),
-        "nodes": summary.nodes, "unreproducible_nodes": summary.unreproducible, "env_steps": summary.env_steps, "pairs": pairs,
+        "policy_version": served.version, "trees": trees["trees"], "solved_rate/search": trees["solved"] / max(trees["trees"], 1),
+        "nodes": trees["nodes"], "unreproducible_nodes": trees["unreproducible"], "env_steps": summary.env_steps, "pairs": pairs,
     }
     it: dict[str, Any] = {"iteration": k, "search_run": search_run, "sampled_version": served.version, "update": "skipped: no pairs"}
     if pairs:
-        new, train = _update(cfg, lake, search_run, served, run_id)
-        it.update(adapter=new.path, train_run=train["run_id"], lineage=train["lineage"], update="trained")
+        trained, train = _update(cfg, lake, search_run, trained, run_id)
+        it.update(adapter=trained.path, train_run=train["run_id"], lineage=train["lineage"], update="trained")
         metrics.update(train["metrics"])
-        swap = engine.swap_adapter(new.name, new.path, retire=served.name)
+        swap = engine.swap_adapter(trained.name, trained.path, retire=served.name)
         metrics["reload_seconds"] = swap.seconds
         it["reload"] = swap.message
         if swap.loaded:
-            served = new
+            served = trained
     it["served_after"] = {"name": served.name, "version": served.version, "path": served.path}
     it["metrics"] = {name: float(v) for name, v in metrics.items() if v is not None}
-    return it, served
+    return it, served, trained
 
 
-def _search(cfg: MCTSConfig, engine, base_name: str, served: Served, run_id: str, task_seed: int):
+def _search(cfg: MCTSConfig, lake: Lake, engine, base_name: str, served: Served, run_id: str, task_seed: int):
+    """One search run with the served version: every tree of the iteration's task seeds (the missing ones, where a
+    killed run left some in the lake)."""
     from halo_agent.search import SearchConfig, run_search
 
     critic_url = engine.base_url if cfg.critic not in ("progress", "policy") else None
@@ -130,7 +135,18 @@ def _search(cfg: MCTSConfig, engine, base_name: str, served: Served, run_id: str
         simulations=cfg.simulations, expansions=cfg.expansions, c_exp=cfg.c_exp, alpha=cfg.alpha, max_depth=cfg.max_depth,
         critic=cfg.critic, critic_base_url=critic_url, theta=cfg.theta, widen=cfg.widen, lake=cfg.lake, run_id=run_id,
         env_options=cfg.environment_options(), progress=cfg.progress, command="halo-train mcts",
+        resume=existing_run(lake, run_id) is not None,
     ))
+
+
+def _search_figures(lake: Lake, search_run: str) -> dict[str, int]:
+    """The search run's trees as the lake holds them (those a killed run wrote before, too): trees, solved trees (a
+    reproducible terminal node with a positive reward), nodes, and nodes that did not reproduce."""
+    row = lake.query_arrow(
+        "select count(distinct tree_id) as trees, count(*) as nodes, count(*) filter (where not reproducible) as unreproducible, "
+        "count(distinct tree_id) filter (where terminal and reproducible and reward > 0) as solved "
+        "from mcts_nodes where run_id = $r", {"r": search_run}, views=False).to_pylist()[0]
+    return {name: int(value or 0) for name, value in row.items()}
 
 
 def _count_pairs(lake: Lake, search_run: str) -> int:
@@ -138,36 +154,41 @@ def _count_pairs(lake: Lake, search_run: str) -> int:
     return int(table.column(0)[0].as_py() or 0)
 
 
-def _update(cfg: MCTSConfig, lake: Lake, search_run: str, served: Served, run_id: str) -> tuple[Served, dict[str, Any]]:
-    """DPO of the served adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete):
-    by the run's persistent learner (``--learner persistent``), or a ``halo-train dpo`` job (``--learner jobs``)."""
+def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_id: str) -> tuple[Served, dict[str, Any]]:
+    """DPO of the newest adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete):
+    by the run's persistent learner (``--learner persistent``), or a ``halo-train dpo`` job (``--learner jobs``).
+    A version folder a killed run already saved is adopted, not trained again."""
     import json
 
     from halo_train.dpo import train_dpo
     from halo_train.trainer_utils import STATS_FILE
 
-    version = served.version + 1
+    version = trained.version + 1
     staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
     final = Path(cfg.output_dir) / f"policy-{version}"
     dpo = DPOConfig(
-        lake=cfg.lake, base_model=cfg.base_model, init_adapter=served.path, output_dir=str(staging),
+        lake=cfg.lake, base_model=cfg.base_model, init_adapter=trained.path, output_dir=str(staging),
         run_id=f"{run_id}-u{version}", source="mcts", where=f"run_id = '{search_run}'", max_steps=cfg.job_steps(),
         lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         batch_size=cfg.batch_size, seed=cfg.seed + version,
     )
-    if cfg.learner == "persistent":
-        learner_update(cfg, lake, dpo, served, final, "dpo_pairs")
-        stats = json.loads((final / STATS_FILE).read_text())
-        metrics, lineage = stats["update_metrics"], stats["lineage"]
-    else:
-        result = train_dpo(dpo)
-        (staging / "final").rename(final)
-        shutil.rmtree(staging, ignore_errors=True)
-        metrics, lineage = result.metrics, result.lineage
+    if not (final / STATS_FILE).exists():
+        if cfg.learner == "persistent":
+            learner_update(cfg, lake, dpo, trained, final, "dpo_pairs")
+        else:
+            result = train_dpo(dpo)
+            stats = json.loads((staging / "final" / STATS_FILE).read_text())
+            (staging / "final" / STATS_FILE).write_text(json.dumps({**stats, "update_metrics": result.metrics}, indent=2, default=str))
+            (staging / "final").rename(final)  # atomic: policy-{v} exists only complete, what --resume adopts
+            shutil.rmtree(staging, ignore_errors=True)
+    stats = json.loads((final / STATS_FILE).read_text())
+    if stats.get("run_id") != dpo.run_id:
+        raise MCTSError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    metrics = stats.get("update_metrics") or {}
     kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
             "update_seconds")
     return (Served(f"policy-{version}", version, str(final.resolve())),
-            {"run_id": dpo.run_id, "lineage": lineage, "metrics": {m: metrics[m] for m in kept if m in metrics}})
+            {"run_id": dpo.run_id, "lineage": stats.get("lineage"), "metrics": {m: metrics[m] for m in kept if m in metrics}})
 
 
 def _describe(it: dict[str, Any]) -> str:

@@ -57,25 +57,23 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from halo_data.lake import Lake
 from halo_data.prompts import OBSERVATION_FORMATS
-from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_data.runs import existing_run
 from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _field
 from halo_train.data import EmptyViewError, NoTrainingSignalError
-from halo_train.served import (  # noqa: F401  (the served loop's parts, long imported from here)
-    LEARNERS, OnlineError, OnlineSummary, Served, ServedLoopConfig, _chat_server, _write_metrics, learner_update,
-    marks_status, open_engine, record_iteration, vllm_spec,
+from halo_train.served import (
+    OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, learner_update, loop_run_id, marks_status,
+    open_engine, record_iteration, serve_start, start_record,
 )
 
 log = logging.getLogger(__name__)
 
 GROUP_BY = ("episode", "state")  # attempts of one task seed (grpo_groups) | candidates at one state (state_groups)
-STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the run id, so --resume finds the run
 
 
 @dataclasses.dataclass
@@ -169,11 +167,11 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     lake = Lake.init(cfg.lake)
-    run_id = _run_id(cfg, out)
-    record, iterations = _start_record(cfg, lake, run_id)
+    run_id = loop_run_id(cfg, out, "online", OnlineError)
+    record, iterations = start_record(cfg, lake, run_id, "online-grpo", GRPO_GROUP_VIEWS[cfg.group_by], OnlineError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
-        served = _serve_start(engine, cfg, iterations)
-        trained = _latest_adapter(cfg, iterations)
+        served = serve_start(engine, cfg, iterations, OnlineError)
+        trained = latest_adapter(cfg, iterations)
         loop = _pipelined if cfg.pipeline else _sequential
         for it in loop(cfg, lake, engine, base_name, run_id, len(iterations), served, trained, _next_sampler(iterations, served)):
             served = it.pop("_served")
@@ -552,71 +550,7 @@ def _rows_of(rollout_runs: list[str], served: Served) -> str:
     return "run_id in (" + ", ".join(f"'{r}'" for r in rollout_runs) + ")"
 
 
-def _serve_start(engine, cfg: OnlineConfig, iterations: list[dict[str, Any]]) -> Served:
-    """Load the version to sample with first: the last one served by a resumed run, else the warm start, else the base."""
-    if iterations:
-        last = iterations[-1]["served_after"]
-        start = Served(last["name"], int(last["version"]), last["path"])
-    elif cfg.init_adapter:
-        start = Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve()))
-    else:
-        return Served(None, 0)
-    if start.name and start.name not in engine.models():
-        swap = engine.swap_adapter(start.name, start.path)
-        if not swap.loaded:
-            raise OnlineError(swap.message)
-    return start
-
-
-# ---------------------------------------------------------------------------------------- records
-
-
-def _run_id(cfg: OnlineConfig, out: Path) -> str:
-    state = out / STATE_FILE
-    if cfg.resume and cfg.run_id is None:
-        if not state.exists():
-            raise OnlineError(f"nothing to resume in {out}: no {STATE_FILE} (start the run without --resume)")
-        return json.loads(state.read_text())["run_id"]
-    run_id = cfg.run_id or f"online-{utc_now().strftime('%Y%m%dT%H%M%S')}"
-    if not cfg.resume and any(out.glob("policy-*")):
-        # A new run would adopt another run's saved versions as its own.
-        raise OnlineError(f"{out} already holds policy-* adapters of another run: pass --resume, or choose another --output-dir")
-    state.write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
-    return run_id
-
-
-def _start_record(cfg: OnlineConfig, lake: Lake, run_id: str) -> tuple[RunRecord, list[dict[str, Any]]]:
-    existing = existing_run(lake, run_id)
-    if existing is not None and not cfg.resume:
-        raise OnlineError(f"run {run_id!r} already exists in {cfg.lake}: pass --resume to continue it, or choose another --run-id")
-    if existing is None and cfg.resume:
-        raise OnlineError(f"run {run_id!r} is not in {cfg.lake}: start it without --resume")
-    iterations = json.loads(existing.get("config") or "{}").get("iterations", []) if existing else []
-    for it in iterations:  # a recorded adapter that is gone cannot be served or continued from
-        path = it["served_after"]["path"]
-        if path and not Path(path).exists():
-            raise OnlineError(f"iteration {it['iteration']}'s adapter {path} is gone: restore it, or start a new run")
-    record = RunRecord(
-        run_id=run_id, kind="train", mode="online-grpo", job_type="online-grpo", env=cfg.env, policy="openai",
-        base_model=cfg.base_model, model=cfg.base_model, config={**cfg.to_dict(), "iterations": iterations},
-        command=list(sys.argv), status="running", output_dir=str(Path(cfg.output_dir).resolve()),
-        started_at=existing["started_at"] if existing else utc_now(), source_view=GRPO_GROUP_VIEWS[cfg.group_by],
-    )
-    upsert_runs(lake, [record])
-    if iterations:  # killed after recording the iteration and before writing its metrics: write them now
-        _write_metrics(lake, run_id, iterations[-1]["iteration"], iterations[-1]["metrics"])
-    return record, iterations
-
-
-def _latest_adapter(cfg: OnlineConfig, iterations: list[dict[str, Any]]) -> Served:
-    """The newest trained version: what the next update starts from."""
-    for it in reversed(iterations):
-        if it.get("adapter"):
-            version = int(Path(it["adapter"]).name.rsplit("-", 1)[1])
-            return Served(f"policy-{version}", version, it["adapter"])
-    if cfg.init_adapter:
-        return Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve()))
-    return Served(None, 0)
+# ---------------------------------------------------------------------------------------- the record
 
 
 def _describe(it: dict[str, Any]) -> str:

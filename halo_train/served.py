@@ -6,24 +6,26 @@
 
 A loop serves one policy version at a time under the name ``policy-{v}`` (``Served``), samples with it,
 trains, loads the new version and retires the old name. ``open_engine`` starts the engine for the run
-(``--serve``) or connects to one already running (``--engine-url``); ``record_iteration`` adds an iteration
-to the run's ``runs`` row and its metrics to ``train_metrics``; ``marks_status`` ends the row finished,
-interrupted or failed.
+(``--serve``) or connects to one already running (``--engine-url``); ``start_record`` opens the run's ``runs`` row (a new run,
+or the one ``--resume`` continues, with the iterations it recorded); ``record_iteration`` adds an iteration
+to it and its metrics to ``train_metrics``; ``marks_status`` ends the row finished, interrupted or failed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from halo_data.cli_support import key_values
 from halo_data.lake import Lake
-from halo_data.runs import RunRecord, upsert_runs, utc_now
+from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
 from halo_train.config import LearnerOptions, TrainConfigError, _field, _looks_like_local_path, resolve_base_model
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,79 @@ def _write_metrics(lake: Lake, run_id: str, step: int, metrics: dict[str, float]
     if have.column(0)[0].as_py():
         return
     append_rows(lake, "train_metrics", metric_rows(run_id, step, None, metrics))
+
+
+# ---------------------------------------------------------------------------------------- starting and resuming
+
+STATE_FILE = "online_run.json"  # OUTPUT/online_run.json: the loop's run id, so --resume finds the run
+
+
+def loop_run_id(cfg, out: Path, prefix: str, error: type[Exception]) -> str:
+    """The run's id: ``--run-id``, the one ``OUTPUT/online_run.json`` names (``--resume``), or ``PREFIX-<UTC time>``."""
+    state = out / STATE_FILE
+    if cfg.resume and cfg.run_id is None:
+        if not state.exists():
+            raise error(f"nothing to resume in {out}: no {STATE_FILE} (start the run without --resume)")
+        return json.loads(state.read_text())["run_id"]
+    run_id = cfg.run_id or f"{prefix}-{utc_now().strftime('%Y%m%dT%H%M%S')}"
+    if not cfg.resume and any(out.glob("policy-*")):
+        # A new run would adopt another run's saved versions as its own.
+        raise error(f"{out} already holds policy-* adapters of another run: pass --resume, or choose another --output-dir")
+    state.write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
+    return run_id
+
+
+def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
+                 error: type[Exception]) -> tuple[RunRecord, list[dict[str, Any]]]:
+    """The run's ``runs`` row, marked running, and the iterations it has recorded (none for a new run)."""
+    existing = existing_run(lake, run_id)
+    if existing is not None and not cfg.resume:
+        raise error(f"run {run_id!r} already exists in {cfg.lake}: pass --resume to continue it, or choose another --run-id")
+    if existing is None and cfg.resume:
+        raise error(f"run {run_id!r} is not in {cfg.lake}: start it without --resume")
+    iterations = json.loads(existing.get("config") or "{}").get("iterations", []) if existing else []
+    for it in iterations:  # a recorded adapter that is gone cannot be served or continued from
+        path = it["served_after"]["path"]
+        if path and not Path(path).exists():
+            raise error(f"iteration {it['iteration']}'s adapter {path} is gone: restore it, or start a new run")
+    record = RunRecord(
+        run_id=run_id, kind="train", mode=job_type, job_type=job_type, env=cfg.env, policy="openai",
+        base_model=cfg.base_model, model=cfg.base_model, config={**cfg.to_dict(), "iterations": iterations},
+        command=list(sys.argv), status="running", output_dir=str(Path(cfg.output_dir).resolve()),
+        started_at=existing["started_at"] if existing else utc_now(), source_view=source_view,
+    )
+    upsert_runs(lake, [record])
+    if iterations:  # killed after recording the iteration and before writing its metrics: write them now
+        _write_metrics(lake, run_id, iterations[-1]["iteration"], iterations[-1]["metrics"])
+    return record, iterations
+
+
+def _warm_start(cfg) -> Served | None:
+    init = getattr(cfg, "init_adapter", None)
+    return Served("policy-0", 0, str(Path(init).expanduser().resolve())) if init else None
+
+
+def serve_start(engine, cfg, iterations: list[dict[str, Any]], error: type[Exception]) -> Served:
+    """Load the version to sample with first: the last one served by a resumed run, else the warm start, else the base."""
+    if iterations:
+        last = iterations[-1]["served_after"]
+        start = Served(last["name"], int(last["version"]), last["path"])
+    else:
+        start = _warm_start(cfg) or Served(None, 0)
+    if start.name and start.name not in engine.models():
+        swap = engine.swap_adapter(start.name, start.path)
+        if not swap.loaded:
+            raise error(swap.message)
+    return start
+
+
+def latest_adapter(cfg, iterations: list[dict[str, Any]]) -> Served:
+    """The newest trained version: what the next update starts from."""
+    for it in reversed(iterations):
+        if it.get("adapter"):
+            version = int(Path(it["adapter"]).name.rsplit("-", 1)[1])
+            return Served(f"policy-{version}", version, it["adapter"])
+    return _warm_start(cfg) or Served(None, 0)
 
 
 # ---------------------------------------------------------------------------------------- the engine

@@ -1,9 +1,16 @@
 """halo-train mcts end to end on CPU: a tiny model served by HALO's chat server searches MiniWoB++ in Chromium,
-its trees land in the lake, DPO trains on their pairs, the new adapter is loaded and searches again."""
+its trees land in the lake, DPO trains on their pairs, the new adapter is loaded and searches again; killed with -9,
+the run resumes where it stopped."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +20,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TASKS = ["click-button-sequence"]
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -23,38 +31,65 @@ def tiny(build_once) -> str:
     return build_once("mcts-loop", lambda root: warm_tiny_model(root, TASKS, max_steps=2))
 
 
-def test_search_pairs_dpo_reload_and_search_again(tiny, tmp_path):
+def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_path):
+    """`halo-train mcts` in its own process, killed with -9 once it saved its first version (the next search is then
+    usually under way), then `--resume`d to the end: every iteration recorded once, every tree whole and once, the
+    saved version adopted rather than trained again."""
     from safetensors.torch import load_file
 
     from halo_data.lake import Lake
-    from halo_train.mcts import MCTSConfig, run_mcts
 
-    lines: list[str] = []
+    lake_path, out = tmp_path / "lake", tmp_path / "out"
     # theta 0: any Q difference between tried siblings is a pair
-    cfg = MCTSConfig(base_model=tiny, tasks=TASKS, iterations=2, task_seeds=2, simulations=6, expansions=4, max_depth=2, theta=0.0,
-                     train_steps=1, lr=0.01, lora_alpha=16, max_tokens=16, serve=True, lake=str(tmp_path / "lake"),
-                     output_dir=str(tmp_path / "out"), run_id="agentq", progress=False)
-    summary = run_mcts(cfg, echo=lines.append)
-    assert len(summary.iterations) == 2 and len(lines) == 2
-    lake = Lake.open(cfg.lake)
-    trees = lake.query_arrow("select run_id, count(distinct tree_id) as trees, max(logprob_sum) is not null as logprobs "
-                             "from mcts_nodes group by run_id order by run_id").to_pylist()
-    assert trees == [dict(run_id="agentq-k0", trees=2, logprobs=True), dict(run_id="agentq-k1", trees=2, logprobs=True)]
+    args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "2", "--task-seeds", "2",
+            "--simulations", "6", "--expansions", "4", "--max-depth", "2", "--theta", "0", "--train-steps", "1", "--lr", "0.01",
+            "--lora-alpha", "16", "--max-tokens", "16", "--lake", str(lake_path), "--output-dir", str(out), "--run-id", "agentq",
+            "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = out / "policy-1" / "adapter_model.safetensors"
+    with open(tmp_path / "killed.out", "w") as killed_out:  # its own process group: the kill takes its chat server too
+        proc = subprocess.Popen(_cli(*args), env=env, start_new_session=True, stdout=killed_out, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    saved = (first.read_bytes(), first.stat().st_mtime_ns) if first.exists() else None
+    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for text in ((tmp_path / "killed.out").read_text(), done.stdout) for line in text.splitlines()
+             if line.startswith("iteration ")]
+    assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"], lines  # each recorded once
+
+    lake = Lake.open(lake_path)
+    trees = lake.query_arrow("select run_id, count(distinct tree_id) as trees, count(*) = count(distinct (tree_id, node_id)) as once, "
+                             "max(logprob_sum) is not null as logprobs from mcts_nodes group by run_id order by run_id").to_pylist()
+    assert trees == [dict(run_id="agentq-k0", trees=2, once=True, logprobs=True), dict(run_id="agentq-k1", trees=2, once=True, logprobs=True)]
+    run = lake.query_arrow("select status, job_type, config from runs where run_id = 'agentq'").to_pylist()[0]
+    assert (run["status"], run["job_type"]) == ("finished", "mcts")
+    iterations = json.loads(run["config"])["iterations"]
     # a search whose tiny-model samples all agree has no siblings to pair: some iteration must have had pairs
-    trained = [it for it in summary.iterations if it["update"] == "trained"]
+    trained = [it for it in iterations if it["update"] == "trained"]
     assert trained and trained[0]["metrics"]["pairs"] > 0, lines
-    first = trained[0]
-    version = first["served_after"]["version"]
-    weights = load_file(str(tmp_path / "out" / f"policy-{version}" / "adapter_model.safetensors"))
+    version = trained[0]["served_after"]["version"]
+    assert saved is None or (first.read_bytes(), first.stat().st_mtime_ns) == saved  # adopted, not written again
+    weights = load_file(str(out / f"policy-{version}" / "adapter_model.safetensors"))
     assert any(float(v.abs().sum()) > 0 for k, v in weights.items() if "lora_B" in k)  # DPO moved the adapter
-    adapter = json.loads((tmp_path / "out" / f"policy-{version}" / "adapter_config.json").read_text())
-    assert (adapter["r"], adapter["lora_alpha"]) == (cfg.lora_r, 16)
-    assert first["served_after"]["name"] == f"policy-{version}"
-    for later in summary.iterations[first["iteration"] + 1:]:  # every later search samples with the new version
+    adapter = json.loads((out / f"policy-{version}" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (16, 16)
+    assert (out / f"policy-{version}" / "learner_state.pt").exists()  # the persistent learner's state beside it
+    assert trained[0]["served_after"]["name"] == f"policy-{version}"
+    for later in iterations[trained[0]["iteration"] + 1:]:  # every later search samples with the new version
         sampled = lake.query_arrow("select distinct policy_version from mcts_nodes where run_id = $r",
                                    {"r": later["search_run"]}).to_pylist()
         assert sampled == [{"policy_version": str(version)}]
-    run = lake.query_arrow("select status, job_type from runs where run_id = 'agentq'").to_pylist()[0]
-    assert run == {"status": "finished", "job_type": "mcts"}
-    metrics = {r["metric"] for r in lake.query_arrow("select metric from train_metrics where run_id = 'agentq'").to_pylist()}
-    assert {"trees", "pairs", "solved_rate/search", "reload_seconds", "loss"} <= metrics
+    metrics = lake.query_arrow("select step, metric, count(*) as n from train_metrics where run_id = 'agentq' group by all").to_pylist()
+    assert {m["n"] for m in metrics} == {1}  # nothing written twice
+    assert {"trees", "pairs", "solved_rate/search", "reload_seconds", "loss"} <= {m["metric"] for m in metrics}
+    updates = lake.query_arrow("select run_id, count(*) as n from runs where run_id like 'agentq-u%' group by all order by run_id").to_pylist()
+    assert updates == [{"run_id": f"agentq-u{v}", "n": 1} for v in range(1, len(trained) + 1)]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "halo_train.cli", "mcts", *args]

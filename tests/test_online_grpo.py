@@ -277,20 +277,18 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     """record_iteration upserts the runs row, then appends the iteration's metrics; a kill between the two leaves
     the iteration recorded (so --resume skips it) without its train_metrics rows, which the resume writes."""
     from halo_data.lake import Lake
-    from halo_train import online
+    from halo_train import online, served
     from halo_train.testing import small_online_config
 
     cfg = small_online_config("base", tmp_path, engine_url="http://127.0.0.1:9/v1")
     Path(cfg.output_dir).mkdir(parents=True)
     lake = Lake.init(cfg.lake)
-    record, iterations = online._start_record(cfg, lake, "online")
+    record, iterations = served.start_record(cfg, lake, "online", "online-grpo", "grpo_groups", online.OnlineError)
     it = {"iteration": 0, "metrics": {"rewards/mean": 0.25, "success_rate/train": 0.5}, "lineage": {"steps": 1},
           "served_after": {"name": None, "version": 0, "path": None}}
 
     def killed(*args):
         raise KeyboardInterrupt
-
-    from halo_train import served
 
     monkeypatch.setattr(served, "_write_metrics", killed)
     with pytest.raises(KeyboardInterrupt):
@@ -300,7 +298,7 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
 
     resumed = small_online_config("base", tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True)
     for _ in range(2):  # a second resume writes nothing twice
-        _, recorded = online._start_record(resumed, lake, "online")
+        _, recorded = served.start_record(resumed, lake, "online", "online-grpo", "grpo_groups", online.OnlineError)
         assert [r["iteration"] for r in recorded] == [0]
         rows = query(cfg.lake, "select step, metric, value from train_metrics where run_id = 'online' order by metric")
         assert rows == [{"step": 0, "metric": "rewards/mean", "value": 0.25}, {"step": 0, "metric": "success_rate/train", "value": 0.5}]

@@ -124,7 +124,7 @@ def test_serve_starts_vllm_with_runtime_lora_waits_for_it_and_ends_its_process_g
 
 
 def test_the_online_vllm_command_line(tmp_path):
-    from halo_train.online import vllm_spec
+    from halo_train.served import vllm_spec
     from halo_train.serve import engine_process, vllm_command
 
     warm = tmp_path / "sft"
