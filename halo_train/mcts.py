@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -45,8 +44,8 @@ from halo_data.lake import Lake
 from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
-    OnlineSummary, Served, ServedLoopConfig, latest_adapter, learner_update, loop_run_id, marks_status, open_engine,
-    record_iteration, serve_start, start_record,
+    OnlineSummary, Served, ServedLoopConfig, job_update, latest_adapter, learner_update, loop_run_id, marks_status,
+    open_engine, record_iteration, serve_start, start_record,
 )
 
 log = logging.getLogger(__name__)
@@ -160,7 +159,6 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
     A version folder a killed run already saved is adopted, not trained again."""
     import json
 
-    from halo_train.dpo import train_dpo
     from halo_train.trainer_utils import STATS_FILE
 
     version = trained.version + 1
@@ -176,15 +174,11 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
         if cfg.learner == "persistent":
             learner_update(cfg, lake, dpo, trained, final, "dpo_pairs")
         else:
-            result = train_dpo(dpo)
-            stats = json.loads((staging / "final" / STATS_FILE).read_text())
-            (staging / "final" / STATS_FILE).write_text(json.dumps({**stats, "update_metrics": result.metrics}, indent=2, default=str))
-            (staging / "final").rename(final)  # atomic: policy-{v} exists only complete, what --resume adopts
-            shutil.rmtree(staging, ignore_errors=True)
+            job_update(dpo, final)
     stats = json.loads((final / STATS_FILE).read_text())
     if stats.get("run_id") != dpo.run_id:
         raise MCTSError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
-    metrics = stats.get("update_metrics") or {}
+    metrics = {**(stats.get("metrics") or {}), **(stats.get("update_metrics") or {})}  # the trainer's loss, margins; the update's figures
     kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
             "update_seconds")
     return (Served(f"policy-{version}", version, str(final.resolve())),

@@ -56,7 +56,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -68,7 +67,7 @@ from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _fi
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (
     OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, learner_update, loop_run_id, marks_status,
-    open_engine, record_iteration, serve_start, start_record,
+    job_update, open_engine, record_iteration, serve_start, start_record,
 )
 
 log = logging.getLogger(__name__)
@@ -476,7 +475,7 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
             if cfg.learner == "persistent":
                 learner_update(cfg, lake, grpo, trained, final, GRPO_GROUP_VIEWS[cfg.group_by])
             else:
-                _job_update(grpo, final)
+                job_update(grpo, final)
         except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
             log.info("no update: %s", e)
             return None
@@ -510,37 +509,6 @@ def _update_config(cfg: OnlineConfig, rollout_runs: list[str], served: Served, t
         beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, choice_softmax=cfg.choice_softmax,
         tis_cap=cfg.tis_cap,
     )
-
-
-def _job_update(grpo: GRPOConfig, final: Path) -> None:
-    """``--learner jobs``: one ``halo-train grpo`` job from the newest adapter, its final adapter renamed to ``final``."""
-    from halo_train.grpo import train_grpo
-    from halo_train.trainer_utils import STATS_FILE
-
-    staging = Path(grpo.output_dir)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    train_grpo(grpo)
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    stats = json.loads((staging / "final" / STATS_FILE).read_text())
-    stats["update_seconds"] = seconds
-    # What the job did, as the persistent learner reports it: the rows it read, how far it moved the adapter.
-    from halo_train.learner import adapter_lora_weights, displacement
-
-    now = adapter_lora_weights(staging / "final")
-    before = adapter_lora_weights(grpo.init_adapter) if grpo.init_adapter else None
-    steps = int(stats.get("global_step") or 0)
-    stats["update_metrics"] = {
-        "update_cpu_seconds": cpu_seconds,
-        "rows_trained": float(min(int(stats.get("rows") or 0), steps * grpo.batch_size * grpo.gradient_accumulation_steps)),
-        "optimizer_steps": float(steps),
-        "displacement_from_base": displacement(now),
-        "displacement_from_previous": displacement(now, before) if before else displacement(now),
-        **{k: float(stats[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in stats},
-    }
-    (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
-    # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
-    (staging / "final").rename(final)
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _rows_of(rollout_runs: list[str], served: Served) -> str:

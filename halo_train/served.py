@@ -416,3 +416,42 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
 
     learner.save(final, {STATS_FILE: final_stats})
 
+
+def job_update(train: Any, final: Path) -> None:
+    """``--learner jobs``: one training job (``halo-train grpo`` for a GRPOConfig, ``halo-train dpo`` for a DPOConfig)
+    from the newest adapter, its final adapter renamed to ``final`` with what the update did in training_stats.json
+    (``update_metrics``: the rows it trained, its optimizer steps, how far it moved the adapter, its seconds), as the
+    persistent learner reports it."""
+    import json
+    import shutil
+    import time
+
+    from halo_train.learner import adapter_lora_weights, displacement
+    from halo_train.trainer_utils import STATS_FILE
+
+    if train.job_type == "dpo":
+        from halo_train.dpo import train_dpo as run
+    else:
+        from halo_train.grpo import train_grpo as run
+    staging = Path(train.output_dir)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    run(train)
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    stats = json.loads((staging / "final" / STATS_FILE).read_text())
+    now = adapter_lora_weights(staging / "final")
+    before = adapter_lora_weights(train.init_adapter) if train.init_adapter else None
+    steps = int(stats.get("global_step") or 0)
+    stats["update_seconds"] = seconds
+    stats["update_metrics"] = {
+        "update_seconds": seconds,
+        "update_cpu_seconds": cpu_seconds,
+        "rows_trained": float(min(int(stats.get("rows") or 0), steps * train.batch_size * train.gradient_accumulation_steps)),
+        "optimizer_steps": float(steps),
+        "displacement_from_base": displacement(now),
+        "displacement_from_previous": displacement(now, before) if before else displacement(now),
+        **{k: float(stats[k]) for k in ("anchor_groups_with_spread", "step_advantage_share") if k in stats},
+    }
+    (staging / "final" / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+    # A rename is atomic: policy-{v} exists only once it is complete, which is what --resume trusts.
+    (staging / "final").rename(final)
+    shutil.rmtree(staging, ignore_errors=True)

@@ -184,6 +184,25 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
     assert [it["served_after"]["name"] for it in iterations] == [None, None]
 
 
+def test_learner_jobs_trains_each_update_as_a_grpo_job_and_reports_what_it_did(tiny, tmp_path):
+    """`--learner jobs` (the job-per-update path `bench online-learner` compares with): each update a `halo-train grpo`
+    job from the newest adapter, its version folder without learner state, its figures recorded as the learner's are."""
+    from halo_train.online import run_online
+
+    with chat_server_in_process(tiny) as url:
+        cfg = online_config(tiny, tmp_path, engine_url=url, iterations=1, seeds_per_iteration=2, learner="jobs", train_steps=2)
+        summary = run_online(cfg, echo=lambda line: None)
+    out = Path(cfg.output_dir)
+    assert summary.served == "policy-1" and (out / "policy-1" / "adapter_model.safetensors").exists()
+    assert not (out / "policy-1" / "learner_state.pt").exists() and not (out / "updates" / "update-1").exists()
+    stats = json.loads((out / "policy-1" / "training_stats.json").read_text())
+    assert (stats["job_type"], stats["run_id"], stats["global_step"]) == ("grpo", "online-u1", 2)
+    values = {m["metric"]: m["value"] for m in query(cfg.lake, "select metric, value from train_metrics where run_id = 'online' and step = 0")}
+    assert values["optimizer_steps"] == 2 and 0 < values["rows_trained"] <= min(2 * cfg.batch_size, values["rows_produced"])
+    assert values["displacement_from_previous"] == values["displacement_from_base"] > 0  # the first version: from the base
+    assert values["update_seconds"] > 0 and values["update_cpu_seconds"] > 0
+
+
 def test_held_out_evaluation_at_temperature_0_takes_each_steps_most_likely_action(tiny, tmp_path):
     from halo_agent.chat_server import ChatCompletionServer
     from halo_agent.policies.hf_policy import LocalChatModel
