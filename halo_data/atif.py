@@ -41,19 +41,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from halo_data import __version__, ids
+from halo_data import __version__, ids, imported
 from halo_data import schema as S
 from halo_data.atif_schema import SPEC_VERSION, validate
-from halo_data.imported import (
-    ImportedEpisode,
-    ImportFormatError,
-    build_record,
-    parse_time,
-    read_json_file,
-    safe_run_id,
-    site_and_version,
-    text_prompt,
-)
+from halo_data.imported import ImportedEpisode, ImportFormatError
 from halo_data.lake import Lake, LakeError
 from halo_data.records import EpisodeRecord, StepRecord
 from halo_data.writer import Screenshot
@@ -286,7 +277,7 @@ def read_atif_source(path: Path, run_id: str | None, failures: list[str]) -> Ite
                 failures.append(str(e))
         return
     try:
-        doc = read_json_file(path)
+        doc = imported.read_json_file(path)
         yield read_document(doc, str(path), path.parent, run_id, default_task=path.stem)
     except ImportFormatError as e:
         failures.append(str(e))
@@ -423,7 +414,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
             "observation": observation,
             "screenshot_hash": shot,
             "screenshot_after_hash": kept.get("screenshot_after_hash", after_shot),
-            "prompt": kept.get("prompt") or text_prompt(step_goal, url, observation, history, shot),
+            "prompt": kept.get("prompt") or imported.text_prompt(step_goal, url, observation, history, shot),
             "prompt_version": kept.get("prompt_version"),
             # no model output where no model ran (llm_call_count 0: a deterministic dispatch, never trained on)
             "model_output": None if s.get("llm_call_count") == 0 or (from_halo and s["message"] == "") else _text_of(s["message"]),
@@ -452,7 +443,7 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         }
         if fields["logprob_sum"] is None and fields["logprobs"]:
             fields["logprob_sum"] = float(sum(fields["logprobs"]))
-        records.append(build_record(swhere, StepRecord, **fields))
+        records.append(imported.build_record(swhere, StepRecord, **fields))
         if action:
             history.append(action)
         page_text, page_url, page_shot = after_text, after_url, after_shot
@@ -463,8 +454,8 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
     success = success if isinstance(success, bool) else None
     task_id = halo.get("task_id") or next((extra[k] for k in ("task_id", "task_name") if isinstance(extra.get(k), str) and extra[k]), None)
     task_id = task_id or doc.get("trajectory_id") or doc.get("session_id") or default_task
-    site, version = site_and_version(task_id)
-    run = run_id or safe_run_id(doc.get("session_id") or f"atif-{folder.name}")
+    site, version = imported.site_and_version(task_id)
+    run = run_id or imported.safe_run_id(doc.get("session_id") or f"atif-{folder.name}")
     started = halo.get("started_at") or steps_in[0].get("timestamp")  # an ISO 8601 time: the schema checked it
     fields = {
         "run_id": run,
@@ -489,13 +480,13 @@ def read_document(doc: Any, where: str, folder: Path, run_id: str | None, defaul
         "truncated": halo.get("truncated", _typed(outcome.get("truncated"), bool)),
         "error": halo.get("error", _typed(outcome.get("error"), str)),
         "error_kind": halo.get("error_kind"),
-        "started_at": parse_time(started, where),
-        "ended_at": parse_time(halo.get("ended_at"), where),
+        "started_at": imported.parse_time(started, where),
+        "ended_at": imported.parse_time(halo.get("ended_at"), where),
     }
     attempt = halo.get("attempt_idx")
     if attempt is not None:
         fields["attempt_idx"] = attempt
-    episode = build_record(where, EpisodeRecord, **fields)
+    episode = imported.build_record(where, EpisodeRecord, **fields)
     run_fields = {"run_id": run, "kind": "rollout", "mode": episode.mode, "env": episode.env, "policy": episode.policy,
                   "model": episode.model, "adapter": episode.adapter, "policy_version": episode.policy_version}
     return ImportedEpisode(where, episode, records, list(shots.values()), run_fields, attempt_given=attempt is not None)
