@@ -199,17 +199,16 @@ def loop_run_id(cfg, out: Path, prefix: str, error: type[Exception]) -> str:
         if not state.exists():
             raise error(f"nothing to resume in {out}: no {STATE_FILE} (start the run without --resume)")
         return json.loads(state.read_text())["run_id"]
-    run_id = cfg.run_id or f"{prefix}-{utc_now().strftime('%Y%m%dT%H%M%S')}"
     if not cfg.resume and any(out.glob("policy-*")):
         # A new run would adopt another run's saved versions as its own.
         raise error(f"{out} already holds policy-* adapters of another run: pass --resume, or choose another --output-dir")
-    state.write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
-    return run_id
+    return cfg.run_id or f"{prefix}-{utc_now().strftime('%Y%m%dT%H%M%S')}"
 
 
 def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
                  error: type[Exception]) -> tuple[RunRecord, list[dict[str, Any]]]:
-    """The run's ``runs`` row, marked running, and the iterations it has recorded (none for a new run)."""
+    """The run's ``runs`` row, marked running, and the iterations it has recorded (none for a new run); once the run
+    is known good, ``OUTPUT/online_run.json`` names it for a later ``--resume``."""
     existing = existing_run(lake, run_id)
     if existing is not None and not cfg.resume:
         raise error(f"run {run_id!r} already exists in {cfg.lake}: pass --resume to continue it, or choose another --run-id")
@@ -227,6 +226,7 @@ def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
         started_at=existing["started_at"] if existing else utc_now(), source_view=source_view,
     )
     upsert_runs(lake, [record])
+    (Path(cfg.output_dir) / STATE_FILE).write_text(json.dumps({"run_id": run_id, "lake": str(cfg.lake)}))
     if iterations:  # killed after recording the iteration and before writing its metrics: write them now
         _write_metrics(lake, run_id, iterations[-1]["iteration"], iterations[-1]["metrics"])
     return record, iterations

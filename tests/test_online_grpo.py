@@ -351,13 +351,24 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, extra, message):
     assert "Traceback" not in result.output
 
 
-def test_a_new_run_refuses_an_output_dir_with_another_runs_versions(tiny, tmp_path):
+def test_a_run_that_cannot_start_or_resume_changes_nothing(tiny, tmp_path):
+    """Each refusal comes before the engine starts, and leaves the lake and the output folder as they were."""
+    from halo_data.lake import Lake
     from halo_train.online import OnlineError, run_online
+    from halo_train.served import STATE_FILE, start_record
 
+    with pytest.raises(OnlineError, match="nothing to resume in .*: no online_run.json"):
+        run_online(online_config(tiny, tmp_path, serve=True, resume=True, run_id=None))
     (tmp_path / "out" / "policy-1").mkdir(parents=True)
     with pytest.raises(OnlineError, match="already holds policy-\\* adapters of another run: pass --resume"):
         run_online(online_config(tiny, tmp_path, serve=True))
     assert not (tmp_path / "lake").exists() or not query(str(tmp_path / "lake"), "select * from runs")
+    # A run the lake holds, then a --resume that names one it does not: the output folder still names the first.
+    start_record(online_config(tiny, tmp_path, serve=True), Lake.init(tmp_path / "lake"), "online", "online-grpo", "grpo_groups", OnlineError)
+    state = (tmp_path / "out" / STATE_FILE).read_text()
+    with pytest.raises(OnlineError, match="run 'other' is not in .*: start it without --resume"):
+        run_online(online_config(tiny, tmp_path, serve=True, resume=True, run_id="other"))
+    assert (tmp_path / "out" / STATE_FILE).read_text() == state and '"run_id": "online"' in state
 
 
 def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_path):
