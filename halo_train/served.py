@@ -6,9 +6,11 @@
 
 A loop serves one policy version at a time under the name ``policy-{v}`` (``Served``), samples with it,
 trains, loads the new version and retires the old name. ``open_engine`` starts the engine for the run
-(``--serve``) or connects to one already running (``--engine-url``); ``start_record`` opens the run's ``runs`` row (a new run,
-or the one ``--resume`` continues, with the iterations it recorded); ``record_iteration`` adds an iteration
-to it and its metrics to ``train_metrics``; ``marks_status`` ends the row finished, interrupted or failed.
+(``--serve``) or connects to one already running (``--engine-url``); ``start_record`` opens the run's
+``runs`` row (a new run, or the one ``--resume`` continues, with the iterations it recorded);
+``record_iteration`` adds an iteration to it and its metrics to ``train_metrics``; ``marks_status`` ends the
+row finished, interrupted or failed. An update is ``learner_update`` (the persistent learner) or
+``job_update`` (a training job, ``--learner jobs``).
 """
 
 from __future__ import annotations
@@ -422,7 +424,6 @@ def job_update(train: Any, final: Path) -> None:
     from the newest adapter, its final adapter renamed to ``final`` with what the update did in training_stats.json
     (``update_metrics``: the rows it trained, its optimizer steps, how far it moved the adapter, its seconds), as the
     persistent learner reports it."""
-    import json
     import shutil
     import time
 
