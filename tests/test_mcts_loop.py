@@ -93,3 +93,28 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "halo_train.cli", "mcts", *args]
+
+
+def test_a_refused_reload_keeps_searching_with_the_served_version_and_trains_on_from_the_newest(tiny, tmp_path, monkeypatch):
+    """The engine refuses a new version (as vLLM refuses an adapter it cannot serve): the next search samples with
+    the version still served, and the next update continues from the newest trained one into a new folder."""
+    from halo_agent.chat_server import ChatCompletionServer, RequestError
+    from halo_data.lake import Lake
+    from halo_train.mcts import MCTSConfig, run_mcts
+    from halo_train.testing import chat_server_in_process
+
+    def refuse(self, body):
+        raise RequestError("rank 16 is greater than max_lora_rank 8", status=400, kind="BadRequestError")
+
+    monkeypatch.setattr(ChatCompletionServer, "load_lora_adapter", refuse)
+    lines: list[str] = []
+    with chat_server_in_process(tiny) as url:
+        cfg = MCTSConfig(base_model=tiny, tasks=TASKS, iterations=2, task_seeds=2, simulations=6, expansions=4, max_depth=2,
+                         theta=0.0, train_steps=1, lr=0.01, lora_alpha=16, max_tokens=16, engine_url=url,
+                         lake=str(tmp_path / "lake"), output_dir=str(tmp_path / "out"), run_id="refused", progress=False)
+        summary = run_mcts(cfg, echo=lines.append)
+    assert summary.served is None and all("400 rank 16 is greater than max_lora_rank 8" in line for line in lines), lines
+    sampled = Lake.open(cfg.lake).query_arrow("select distinct run_id, policy_version from mcts_nodes order by run_id").to_pylist()
+    assert sampled == [{"run_id": "refused-k0", "policy_version": "0"}, {"run_id": "refused-k1", "policy_version": "0"}]
+    trained = [Path(it["adapter"]).name for it in summary.iterations if it["update"] == "trained"]
+    assert trained == ["policy-1", "policy-2"][:len(trained)] and trained, lines  # each update a new version
