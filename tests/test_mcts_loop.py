@@ -32,22 +32,25 @@ def tiny(build_once) -> str:
 
 
 def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_path):
-    """`halo-train mcts` in its own process, killed with -9 once it saved its first version (the next search is then
-    usually under way), then `--resume`d to the end: every iteration recorded once, every tree whole and once, the
-    saved version adopted rather than trained again."""
+    """`halo-train mcts` in its own process against an engine already running (HALO's chat server here, as a vLLM
+    server would be), killed with -9 once it saved its first version (the next search is then usually under way),
+    then `--resume`d against the same engine to the end: every iteration recorded once, every tree whole and once,
+    the saved version adopted rather than trained again."""
     from safetensors.torch import load_file
 
     from halo_data.lake import Lake
+    from halo_train.testing import chat_server_in_process
 
     lake_path, out = tmp_path / "lake", tmp_path / "out"
     # theta 0: any Q difference between tried siblings is a pair
-    args = ["--base-model", tiny, "--serve", "--tasks", ",".join(TASKS), "--iterations", "2", "--task-seeds", "2",
+    args = ["--base-model", tiny, "--tasks", ",".join(TASKS), "--iterations", "2", "--task-seeds", "2",
             "--simulations", "6", "--expansions", "4", "--max-depth", "2", "--theta", "0", "--train-steps", "1", "--lr", "0.01",
             "--lora-alpha", "16", "--max-tokens", "16", "--lake", str(lake_path), "--output-dir", str(out), "--run-id", "agentq",
             "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = out / "policy-1" / "adapter_model.safetensors"
-    with open(tmp_path / "killed.out", "w") as killed_out:  # its own process group: the kill takes its chat server too
+    with chat_server_in_process(tiny) as url, open(tmp_path / "killed.out", "w") as killed_out:
+        args += ["--engine-url", url]
         proc = subprocess.Popen(_cli(*args), env=env, start_new_session=True, stdout=killed_out, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 600
         while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -55,8 +58,8 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    saved = (first.read_bytes(), first.stat().st_mtime_ns) if first.exists() else None
-    done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=900)
+        saved = (first.read_bytes(), first.stat().st_mtime_ns) if first.exists() else None
+        done = subprocess.run(_cli(*args, "--resume"), env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for text in ((tmp_path / "killed.out").read_text(), done.stdout) for line in text.splitlines()
              if line.startswith("iteration ")]
