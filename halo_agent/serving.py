@@ -158,10 +158,13 @@ class EngineClient:
     def swap_adapter(self, name: str, path: str, retire: str | None = None) -> SwapResult:
         """Serve ``path`` as ``name``, then unload ``retire``; if loading fails, ``retire`` keeps serving.
 
-        Never raises for a refused or dropped load: the result says which adapter serves and why.
+        Never raises for a refused or dropped load: the result says which adapter serves and why. An adapter
+        already loaded under ``name`` from another folder (an earlier run's version, left loaded in an engine that
+        outlives runs) is unloaded first, so that ``name`` serves ``path``.
         """
         t0 = time.perf_counter()
         try:
+            self._replace_other(name, path, retire)
             self.load_adapter(name, path)
         except EngineError as e:
             seconds = time.perf_counter() - t0
@@ -175,6 +178,17 @@ class EngineClient:
             except EngineError as e:
                 message += f"; {retire} stays loaded: {e}"
         return SwapResult(name, True, seconds, message)
+
+
+    def _replace_other(self, name: str, path: str, retire: str | None) -> None:
+        """Unload what ``name`` serves if it was loaded from another folder than ``path``."""
+        try:
+            root = self.models().get(name, {}).get("root")
+        except EngineError:  # the engine does not list its models now: the load itself will say what is wrong
+            return
+        if root is not None and root != str(path) and name != retire:
+            log.warning("%s is loaded from %s: unloading it to serve %s under that name", name, root, path)
+            self.unload_adapter(name)
 
 
 def _error_message(text: str) -> str:

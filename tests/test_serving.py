@@ -131,6 +131,22 @@ def test_client_swaps_versions_under_new_names(server, models):
         assert chat(server.url, "policy-2")["choices"][0]["message"]["content"] is not None
 
 
+def test_a_swap_replaces_an_adapter_an_earlier_run_left_under_the_same_name(server, models):
+    """An engine that outlives runs (vLLM behind --engine-url) still serves the last version of a run that ended; a
+    later run's policy-1 takes the name over rather than being refused and sampling with a stale version."""
+    _, adapters = models
+    with EngineClient(server.url, backoff=0.0) as engine:
+        engine.load_adapter("policy-1", adapters["policy-1"])  # the earlier run's
+        swap = engine.swap_adapter("policy-1", adapters["policy-2"])
+        assert swap.loaded and swap.serving == "policy-1"
+        assert engine.models()["policy-1"]["root"] == str(adapters["policy-2"])
+        again = engine.swap_adapter("policy-1", adapters["policy-2"])  # the same folder: nothing to replace
+        assert again.loaded and engine.models()["policy-1"]["root"] == str(adapters["policy-2"])
+        engine.unload_adapter("policy-1")
+    served = token_logprobs(chat(server.url, "tiny"))
+    assert served  # the base model still answers
+
+
 def test_retried_load_whose_answer_was_lost_counts_as_loaded(server, models):
     _, adapters = models
     with EngineClient(server.url, backoff=0.0) as engine:
