@@ -85,7 +85,6 @@ class OnlineConfig(ServedLoopConfig):
     reward_config: str | None = _field(None, "Reward rules and weights YAML for the rollouts (default: halo_agent/configs/rewards.yaml; rewards-success.yaml pays for success only).")
     constrain_actions: bool = _field(False, "Constrain decoding to the page's actions (vLLM's structured-output choice; the chat server the same): every answer parses.")
     choice_labels: bool = _field(False, "With --constrain-actions: each choice names its element first (# 'Tab #2' then click('21')), so its log-probability includes words the goal names; the step's action stays the canonical call.")
-    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
     group_by: str = _field(
         "episode", "episode: G attempts of one task seed (GiGPO's step level included). state: at each visited state, "
         "--candidates-per-state actions sampled in one call, each executed from the state restored by replay and scored "
@@ -149,8 +148,6 @@ class OnlineConfig(ServedLoopConfig):
             raise OnlineError("--cover-choices makes each state's group of the page's choices: add --group-by state and --constrain-actions")
         if self.choice_softmax and not (self.constrain_actions and self.group_by == "state"):
             raise OnlineError("--choice-softmax trains the share of a state's constrained choices: add --group-by state and --constrain-actions")
-        if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
-            raise OnlineError(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.tis_cap is not None and (self.tis_cap <= 0 or self.learner != "persistent"):
             raise OnlineError(f"--tis-cap must be positive and goes with the persistent learner (--learner persistent), got {self.tis_cap} with --learner {self.learner}")
         if self.pipeline and self.max_staleness < 1:

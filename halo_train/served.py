@@ -64,6 +64,7 @@ class ServedLoopConfig:
     mini_batch_size: int = _field(_LEARNER.mini_batch_size, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(_LEARNER.warmup_steps, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     share_prompts: bool = _field(_LEARNER.share_prompts, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
+    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(_LEARNER.batch_size, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
@@ -112,6 +113,8 @@ class ServedLoopConfig:
                 raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.lora_dropout < 1:
             raise error(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.init_adapter and not (Path(self.init_adapter).expanduser() / "adapter_config.json").exists():
+            raise error(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.learner not in LEARNERS:
             raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
         try:
@@ -234,9 +237,8 @@ def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
     return record, iterations
 
 
-def _warm_start(cfg) -> Served | None:
-    init = getattr(cfg, "init_adapter", None)
-    return Served("policy-0", 0, str(Path(init).expanduser().resolve())) if init else None
+def _warm_start(cfg: ServedLoopConfig) -> Served | None:
+    return Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve())) if cfg.init_adapter else None
 
 
 def serve_start(engine, cfg, iterations: list[dict[str, Any]], error: type[Exception]) -> Served:

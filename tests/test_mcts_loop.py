@@ -32,7 +32,7 @@ def tiny(build_once) -> str:
 
 
 def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_path):
-    """`halo-train mcts` in its own process against an engine already running (HALO's chat server here, as a vLLM
+    """`halo-train mcts` from a warm-start adapter, in its own process against an engine already running (HALO's chat server here, as a vLLM
     server would be), killed with -9 once it saved its first version (the next search is then usually under way),
     then `--resume`d against the same engine to the end: every iteration recorded once, every tree whole and once,
     the saved version adopted rather than trained again."""
@@ -42,11 +42,16 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     from halo_train.testing import chat_server_in_process
 
     lake_path, out = tmp_path / "lake", tmp_path / "out"
+    warm = tmp_path / "warm"  # a warm start (an SFT adapter would be one): served as policy-0, its rank kept
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(warm)
     # theta 0: any Q difference between tried siblings is a pair
     args = ["--base-model", tiny, "--tasks", ",".join(TASKS), "--iterations", "2", "--task-seeds", "2",
             "--simulations", "6", "--expansions", "4", "--max-depth", "2", "--theta", "0", "--train-steps", "1", "--lr", "0.01",
-            "--lora-alpha", "16", "--max-tokens", "16", "--lake", str(lake_path), "--output-dir", str(out), "--run-id", "agentq",
-            "--no-progress"]
+            "--init-adapter", str(warm), "--max-tokens", "16", "--lake", str(lake_path), "--output-dir", str(out),
+            "--run-id", "agentq", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = out / "policy-1" / "adapter_model.safetensors"
     with chat_server_in_process(tiny) as url, open(tmp_path / "killed.out", "w") as killed_out:
@@ -83,7 +88,9 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     weights = load_file(str(out / f"policy-{version}" / "adapter_model.safetensors"))
     assert any(float(v.abs().sum()) > 0 for k, v in weights.items() if "lora_B" in k)  # DPO moved the adapter
     adapter = json.loads((out / f"policy-{version}" / "adapter_config.json").read_text())
-    assert (adapter["r"], adapter["lora_alpha"]) == (16, 16)
+    assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)  # trained on from the warm start
+    first_search = lake.query_arrow("select adapter from runs where run_id = 'agentq-k0'").to_pylist()
+    assert first_search == [{"adapter": "policy-0"}]  # which the first search sampled with
     assert (out / f"policy-{version}" / "learner_state.pt").exists()  # the persistent learner's state beside it
     assert trained[0]["served_after"]["name"] == f"policy-{version}"
     for later in iterations[trained[0]["iteration"] + 1:]:  # every later search samples with the new version
