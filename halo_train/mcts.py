@@ -44,8 +44,8 @@ from halo_data.lake import Lake
 from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
-    OnlineSummary, Served, ServedLoopConfig, job_update, latest_adapter, learner_update, loop_run_id, marks_status,
-    open_engine, record_iteration, serve_start, start_record,
+    OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine, record_iteration,
+    serve_start, start_record, update_version,
 )
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,6 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
     """DPO of the newest adapter on the search run's pairs into ``OUTPUT/policy-{v+1}`` (renamed in when complete):
     by the run's persistent learner (``--learner persistent``), or a ``halo-train dpo`` job (``--learner jobs``).
     A version folder a killed run already saved is adopted, not trained again."""
-    import json
-
-    from halo_train.trainer_utils import STATS_FILE
-
     version = trained.version + 1
     staging = Path(cfg.output_dir) / "updates" / f"update-{version}"
     final = Path(cfg.output_dir) / f"policy-{version}"
@@ -170,14 +166,7 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
         lr=cfg.lr, beta=cfg.beta, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         batch_size=cfg.batch_size, seed=cfg.seed + version,
     )
-    if not (final / STATS_FILE).exists():
-        if cfg.learner == "persistent":
-            learner_update(cfg, lake, dpo, trained, final, "dpo_pairs")
-        else:
-            job_update(dpo, final)
-    stats = json.loads((final / STATS_FILE).read_text())
-    if stats.get("run_id") != dpo.run_id:
-        raise MCTSError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    stats = update_version(cfg, lake, dpo, trained, final, "dpo_pairs", MCTSError)
     metrics = {**(stats.get("metrics") or {}), **(stats.get("update_metrics") or {})}  # the trainer's loss, margins; the update's figures
     kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
             "update_seconds")

@@ -53,7 +53,6 @@ adapter folder already saved but not yet recorded is adopted, not trained again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -66,8 +65,8 @@ from halo_data.runs import existing_run
 from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _field
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (
-    OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, learner_update, loop_run_id, marks_status,
-    job_update, open_engine, record_iteration, serve_start, start_record,
+    OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine,
+    record_iteration, serve_start, start_record, update_version,
 )
 
 log = logging.getLogger(__name__)
@@ -462,23 +461,13 @@ def _update(cfg: OnlineConfig, lake: Lake, rollout_runs: list[str], served: Serv
     their rows, each group kept with its own version and stored logprobs, --max-staleness dropping the oldest.
     The rows are read from views computed over those runs only (``--runs``: no other run's attempts join a group).
     """
-    from halo_train.trainer_utils import STATS_FILE
-
-    version = trained.version + 1
-    final = Path(cfg.output_dir) / f"policy-{version}"
-    if not (final / "adapter_config.json").exists():
-        grpo = _update_config(cfg, rollout_runs, served, trained, run_id)
-        try:
-            if cfg.learner == "persistent":
-                learner_update(cfg, lake, grpo, trained, final, GRPO_GROUP_VIEWS[cfg.group_by])
-            else:
-                job_update(grpo, final)
-        except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
-            log.info("no update: %s", e)
-            return None
-    stats = json.loads((final / STATS_FILE).read_text())
-    if stats.get("run_id") != f"{run_id}-u{version}":
-        raise OnlineError(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    final = Path(cfg.output_dir) / f"policy-{trained.version + 1}"
+    grpo = _update_config(cfg, rollout_runs, served, trained, run_id)
+    try:
+        stats = update_version(cfg, lake, grpo, trained, final, GRPO_GROUP_VIEWS[cfg.group_by], OnlineError)
+    except (EmptyViewError, NoTrainingSignalError) as e:  # every group flat or too stale: nothing to learn now
+        log.info("no update: %s", e)
+        return None
     recorded = stats.get("update_metrics") or {}
     trainer_metrics = stats.get("metrics") or {}
     return {

@@ -374,9 +374,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
     update's own run (``train.run_id``) is recorded before its version folder exists: its lineage (the table
     versions it read) and one metrics row per optimizer step. A kill in between retrains the same update from the
     same learner state, and writes nothing twice."""
-    import dataclasses as dc
     import datetime as dt
-    import json
     import time
 
     from halo_data.writer import append_rows
@@ -387,7 +385,7 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     options = cfg.learner_options()
-    template = dc.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
+    template = dataclasses.replace(train, init_adapter=None, seed=cfg.seed, run_id=None, runs=None, where=None)
     learner, load_seconds = held_learner(str(Path(cfg.output_dir).resolve()), template, options, trained.version, trained.path)
     started = dt.datetime.now(dt.timezone.utc)
     result = learner.update(train)
@@ -419,6 +417,24 @@ def learner_update(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Serve
         return json.dumps(stats, indent=2, default=str)
 
     learner.save(final, {STATS_FILE: final_stats})
+
+
+def update_version(cfg: ServedLoopConfig, lake: Lake, train: Any, trained: Served, final: Path, source_view: str,
+                   error: type[Exception]) -> dict[str, Any]:
+    """Version v+1 into ``final`` from ``trained`` on what ``train`` reads, by ``--learner`` (``learner_update`` or
+    ``job_update``); a folder a killed run already saved is adopted, not trained again. Its training_stats.json;
+    a folder another run trained is refused with ``error``."""
+    from halo_train.trainer_utils import STATS_FILE
+
+    if not (final / STATS_FILE).exists():
+        if cfg.learner == "persistent":
+            learner_update(cfg, lake, train, trained, final, source_view)
+        else:
+            job_update(train, final)
+    stats = json.loads((final / STATS_FILE).read_text())
+    if stats.get("run_id") != train.run_id:
+        raise error(f"{final} was trained by {stats.get('run_id')}, not by this run: choose another --output-dir")
+    return stats
 
 
 def job_update(train: Any, final: Path) -> None:
