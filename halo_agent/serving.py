@@ -179,7 +179,6 @@ class EngineClient:
                 message += f"; {retire} stays loaded: {e}"
         return SwapResult(name, True, seconds, message)
 
-
     def _replace_other(self, name: str, path: str, retire: str | None) -> None:
         """Unload what ``name`` serves if it was loaded from another folder than ``path``."""
         try:

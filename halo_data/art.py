@@ -125,14 +125,14 @@ def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str |
             action = _tool_calls(message.get("tool_calls"), where) or output
             last = i == chosen[-1]
             steps.append(build_record(f"{where}: message {i}", StepRecord,
-                                 step_idx=len(steps), goal=goal, observation=observation,
-                                 prompt=prompts.dumps([{k: v for k, v in m.items() if v is not None} for m in history]),
-                                 prompt_version="art-messages", model_output=output, action=action,
-                                 action_source="model", action_valid=action is not None,
-                                 rewards={**dict.fromkeys(S.REWARD_COMPONENTS), "success": float(reward) if last and reward is not None else None},
-                                 state_hash=ids.state_hash("", observation or ""),
-                                 extra=json.dumps({"art_metrics": metrics, "art_metadata": metadata}, sort_keys=True)
-                                 if last and (metrics or metadata) else None))
+                                      step_idx=len(steps), goal=goal, observation=observation,
+                                      prompt=prompts.dumps([{k: v for k, v in m.items() if v is not None} for m in history]),
+                                      prompt_version="art-messages", model_output=output, action=action,
+                                      action_source="model", action_valid=action is not None,
+                                      rewards={**dict.fromkeys(S.REWARD_COMPONENTS), "success": float(reward) if last and reward is not None else None},
+                                      state_hash=ids.state_hash("", observation or ""),
+                                      extra=json.dumps({"art_metrics": metrics, "art_metadata": metadata}, sort_keys=True)
+                                      if last and (metrics or metadata) else None))
             if action:
                 actions.append(action)
         history.append({"role": message.get("role"), "content": message.get("content"),
@@ -142,8 +142,8 @@ def _episode(row: dict[str, Any], where: str, path: Path, run: str, model: str |
     task = task or f"{path.stem}-group-{row['group_index']}"
     success = metadata.get("success")
     episode = build_record(where, EpisodeRecord, run_id=run, env="art", task_id=task, mode="imported", policy="art",
-                      model=model, policy_version=version, success=success if isinstance(success, bool) else None,
-                      task_reward=float(reward) if reward is not None else None, n_steps=len(steps))
+                           model=model, policy_version=version, success=success if isinstance(success, bool) else None,
+                           task_reward=float(reward) if reward is not None else None, n_steps=len(steps))
     run_fields = {"run_id": run, "kind": "rollout", "mode": "imported", "env": "art", "policy": "art", "model": model}
     return ImportedEpisode(where, episode, steps, [], run_fields)
 

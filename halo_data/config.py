@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from halo_data import schema as S
 from halo_data.errors import LakeError
-from halo_data.schema import REWARD_COMPONENTS
+from halo_data.schema import REWARD_COMPONENTS, TABLES
 
 
 @dataclasses.dataclass
@@ -132,8 +131,8 @@ def parse_as_of(as_of: str | int | None) -> dict[str, Any] | dt.datetime | None:
         for part in text.split(","):
             name, _, v = part.partition("=")
             name = name.strip()
-            if name not in S.TABLES:
-                raise LakeError(f"--as-of names unknown table {name!r}; tables are {', '.join(S.TABLES)}")
+            if name not in TABLES:
+                raise LakeError(f"--as-of names unknown table {name!r}; tables are {', '.join(TABLES)}")
             if not v.strip().isdigit():
                 raise LakeError(f"--as-of {name}={v!r}: a version is a non-negative integer")
             out[name] = int(v)
