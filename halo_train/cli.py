@@ -341,7 +341,7 @@ def _mcts_command() -> click.Command:
 
 
 ONLINE_HELP = """Online GRPO: sample with the served policy version, land the steps in the lake, update from
-grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine under that name, repeat.
+grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine as RUN-policy-{v+1}, repeat.
 
 Train task seeds are --train-seed-start + iteration; held-out seeds start at --eval-seed-start
 and must lie past them (checked). --group-by episode (default): a group is the --group-size
@@ -357,7 +357,7 @@ iteration k+1's rollout with iteration k's update."""
 MCTS_HELP = """The Agent Q loop: search every task seed with the served policy version (MCTS, K candidates per
 call, critic progress, policy or a served model), whole trees into mcts_nodes; DPO on the run's
 mcts pairs (stored generation logprobs as the reference); save OUTPUT/policy-{v+1}, reload it into
-the engine under that name, search again. --serve starts the engine (--engine: vLLM on a GPU, HALO's chat server on CPU)."""
+the engine as RUN-policy-{v+1}, search again. --serve starts the engine (--engine: vLLM on a GPU, HALO's chat server on CPU)."""
 
 
 def _quiet_libraries() -> None:

@@ -17,7 +17,7 @@ Iteration k:
    ``OUTPUT/policy-{v+1}``: the run's persistent learner (``halo_train.learner``, as online GRPO's: one
    model, adapter and AdamW across iterations, every pair trained ``--epochs-per-update`` times in
    minibatches of ``--mini-batch-size``), or with ``--learner jobs`` a ``halo-train dpo`` job per update;
-3. the engine loads it as ``policy-{v+1}`` and retires the old name (the online loop's
+3. the engine loads it as ``RUN-policy-{v+1}`` and retires the old name (the online loop's
    engine and swap: ``halo_train.served.open_engine``, ``halo_agent.serving``);
 4. the iteration (search run, trees solved, pairs, adapter, reload) is recorded in the run's
    ``runs`` row, its metrics in ``train_metrics`` (step = k).
@@ -45,7 +45,7 @@ from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
     OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine, record_iteration,
-    serve_start, start_record, update_version,
+    serve_start, start_record, update_version, version_name,
 )
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ def run_mcts(cfg: MCTSConfig, echo: Callable[[str], None] = print) -> OnlineSumm
     run_id = loop_run_id(cfg, out, "mcts", MCTSError)
     record, iterations = start_record(cfg, lake, run_id, "mcts", "dpo_pairs", MCTSError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
-        served = serve_start(engine, cfg, iterations, MCTSError)
-        trained = latest_adapter(cfg, iterations)
+        served = serve_start(engine, cfg, run_id, iterations, MCTSError)
+        trained = latest_adapter(cfg, run_id, iterations)
         for k in range(len(iterations), cfg.iterations):
             it, served, trained = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
             record = record_iteration(lake, record, cfg, iterations, it, served)
@@ -170,7 +170,7 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
     metrics = {**(stats.get("metrics") or {}), **(stats.get("update_metrics") or {})}  # the trainer's loss, margins; the update's figures
     kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
             "update_seconds")
-    return (Served(f"policy-{version}", version, str(final.resolve())),
+    return (Served(version_name(run_id, version), version, str(final.resolve())),
             {"run_id": dpo.run_id, "lineage": stats.get("lineage"), "metrics": {m: metrics[m] for m in kept if m in metrics}})
 
 

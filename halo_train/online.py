@@ -7,8 +7,9 @@
     summary = run_online(OnlineConfig(base_model="models/tiny", tasks=["click-button"], serve=True))
 
 Versions. Version v is the policy after v updates: ``OUTPUT/policy-{v}`` (version 0 is the base
-model, or ``--init-adapter`` served as ``policy-0``). The engine serves one version at a time,
-under the name ``policy-{v}``; every row a rollout writes carries ``policy_version = v`` of the
+model, or ``--init-adapter`` served as ``RUN-policy-0``). The engine serves one version at a time,
+under the name ``RUN-policy-{v}`` (``halo_train.served.version_name``: runs sharing an engine never touch each
+other's versions); every row a rollout writes carries ``policy_version = v`` of the
 version that sampled it, never of a version that failed to load.
 
 Each iteration k (one rollout run ``RUN-k{k}`` per iteration, so an iteration's rows are one run):
@@ -23,7 +24,7 @@ Each iteration k (one rollout run ``RUN-k{k}`` per iteration, so an iteration's 
    (dr_grpo by default, importance ratio against the stored logprobs), starting
    from the newest trained adapter (``--max-staleness`` bounds how far behind the served one may be);
 3. save ``OUTPUT/policy-{v+1}`` (renamed into place only when complete);
-4. load it into the engine as ``policy-{v+1}`` and unload the old name; a refused load keeps the
+4. load it into the engine as ``RUN-policy-{v+1}`` and unload the old name; a refused load keeps the
    old version serving and says so in one line;
 5. record the iteration (lineage, adapter, metrics) in the online run's ``runs`` row and its
    metrics in ``train_metrics`` (step = k).
@@ -66,7 +67,7 @@ from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _fi
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (
     OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine,
-    record_iteration, serve_start, start_record, update_version,
+    record_iteration, serve_start, start_record, update_version, version_name,
 )
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,8 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     run_id = loop_run_id(cfg, out, "online", OnlineError)
     record, iterations = start_record(cfg, lake, run_id, "online-grpo", GRPO_GROUP_VIEWS[cfg.group_by], OnlineError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
-        served = serve_start(engine, cfg, iterations, OnlineError)
-        trained = latest_adapter(cfg, iterations)
+        served = serve_start(engine, cfg, run_id, iterations, OnlineError)
+        trained = latest_adapter(cfg, run_id, iterations)
         loop = _pipelined if cfg.pipeline else _sequential
         for it in loop(cfg, lake, engine, base_name, run_id, len(iterations), served, trained, _next_sampler(iterations, served)):
             served = it.pop("_served")
@@ -315,7 +316,7 @@ def _conclude(cfg, engine, base_name, run_id, k, it: dict[str, Any], metrics: di
         it["update"] = "skipped: every group has zero reward spread" if flat else (
             f"skipped: v{sampler.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
     else:
-        new = Served(f"policy-{trained.version + 1}", trained.version + 1, str(update["adapter"]))
+        new = Served(version_name(run_id, trained.version + 1), trained.version + 1, str(update["adapter"]))
         it.update(adapter=new.path, train_run=update["run_id"], lineage=update["lineage"], update="trained")
         metrics.update(update["metrics"])
         swap = engine.swap_adapter(new.name, new.path, retire=served.name)

@@ -10,7 +10,7 @@
 One epoch, top to bottom:
 
 1. Data. Online: the engine (HALO's chat server with ``--serve``, or vLLM at ``--engine-url``: the same
-   engine, runtime LoRA load and reload as online GRPO) serves ``policy-{N}``; ``halo-agent``'s rollout
+   engine, runtime LoRA load and reload as online GRPO) serves ``RUN-policy-{N}``; ``halo-agent``'s rollout
    runs ``--samples-per-epoch`` episodes of the tasks into the lake (run ``RUN-e{N}``), every step with
    the sampled tokens' logprobs. Offline (``--from-lake``): the ``steps`` rows ``--where`` selects.
    Either way the rows are read back from the lake at one snapshot (its table versions are the
@@ -38,7 +38,7 @@ One epoch, top to bottom:
    bonus ``--entropy-coef`` x the mean token entropy; with ``--kl-coef`` > 0 a KL penalty to the
    base model (the adapter disabled; the k3 estimator).
 5. Checkpoint. ``OUTPUT/epoch_{N}/``: the adapter, ``value_head.pt``, ``optimizer.pt`` and
-   ``training_stats.json``; online, it is loaded into the engine as ``policy-{N}`` for the next epoch.
+   ``training_stats.json``; online, it is loaded into the engine as ``RUN-policy-{N}`` for the next epoch.
 6. Metrics. ``train_metrics`` (step = epoch): ``policy_loss``, ``value_loss``, ``entropy``, ``kl``,
    ``approx_kl``, ``clip_fraction``, ``reward`` (mean episode reward), ``accuracy`` (share of episodes
    correct), ``explained_variance``, ``episodes``, ``tokens``; the ``runs`` row carries the lineage.
@@ -482,7 +482,7 @@ def train_ppo(cfg: PPOConfig):
     try:
         with _engine(cfg, output_dir) as engine:
             if engine is not None and last is not None:
-                state.served = _serve(engine, f"policy-{state.epoch}", last, None)
+                state.served = _serve(engine, state.run_id, state.epoch, last, None)
             for epoch in range(state.epoch + 1, int(cfg.epochs) + 1):
                 rows, lineage = _collect(cfg, engine, state, epoch)
                 turns = turns_from_rows(rows, tokenizer)
@@ -501,7 +501,7 @@ def train_ppo(cfg: PPOConfig):
                          epoch, metrics["reward"], 100 * metrics["accuracy"], metrics["policy_loss"], metrics["value_loss"],
                          metrics["clip_fraction"])
                 if engine is not None and epoch < int(cfg.epochs):
-                    state.served = _serve(engine, f"policy-{epoch}", last, state.served)
+                    state.served = _serve(engine, state.run_id, epoch, last, state.served)
         status = "finished"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -553,7 +553,11 @@ def _engine(cfg: PPOConfig, out: Path):
         raise PPOError(str(e)) from None
 
 
-def _serve(engine, name: str, path: Path, retire: str | None) -> str | None:
+def _serve(engine, run_id: str, epoch: int, path: Path, retire: str | None) -> str | None:
+    """Load epoch ``epoch``'s adapter under the run's name for it (``RUN-policy-{epoch}``) in place of ``retire``."""
+    from halo_train.served import version_name
+
+    name = version_name(run_id, epoch)
     swap = engine.swap_adapter(name, str(path.resolve()), retire=retire)
     if not swap.loaded:
         raise PPOError(f"the engine refused {path}: {swap.message}")

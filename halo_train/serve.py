@@ -52,8 +52,8 @@ class ServeSpec:
     host: str = "127.0.0.1"
     engine: str = "auto"
     extra_args: tuple[str, ...] = ()
-    # vLLM: adapters loaded at runtime on top of the preloaded ones (online GRPO loads policy-{v+1} before it
-    # unloads policy-{v}: 2), and the LoRA ranks they may have (a fresh adapter's --lora-r, a warm start's r).
+    # vLLM: adapters loaded at runtime on top of the preloaded ones (online GRPO loads RUN-policy-{v+1} before it
+    # unloads RUN-policy-{v}: 2), and the LoRA ranks they may have (a fresh adapter's --lora-r, a warm start's r).
     runtime_loras: int = 1
     runtime_ranks: tuple[int, ...] = ()
 

@@ -2,10 +2,11 @@
 
     from halo_train.served import ServedLoopConfig, open_engine
     with open_engine(cfg, Path("out/online")) as (engine, base_name):   # vLLM on a GPU, HALO's chat server on CPU
-        engine.swap_adapter("policy-1", "out/online/policy-1", retire=None)
+        engine.swap_adapter(version_name("online-20261206T120000", 1), "out/online/policy-1", retire=None)
 
-A loop serves one policy version at a time under the name ``policy-{v}`` (``Served``), samples with it,
-trains, loads the new version and retires the old name. ``open_engine`` starts the engine for the run
+A loop serves one policy version at a time under the name ``RUN-policy-{v}`` (``Served``, ``version_name``),
+samples with it, trains, loads the new version and retires the old name. The run's id in the name keeps runs that
+share one engine (``--engine-url``) from replacing each other's versions. ``open_engine`` starts the engine for the run
 (``--serve``) or connects to one already running (``--engine-url``); ``start_record`` opens the run's
 ``runs`` row (a new run, or the one ``--resume`` continues, with the iterations it recorded);
 ``record_iteration`` adds an iteration to it and its metrics to ``train_metrics``; ``marks_status`` ends the
@@ -64,7 +65,7 @@ class ServedLoopConfig:
     mini_batch_size: int = _field(_LEARNER.mini_batch_size, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(_LEARNER.warmup_steps, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     share_prompts: bool = _field(_LEARNER.share_prompts, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
-    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as policy-0 and trained on.")
+    init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as RUN-policy-0 and trained on.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
     batch_size: int = _field(_LEARNER.batch_size, "Rows per forward pass (the persistent learner accumulates --mini-batch-size of them per optimizer step; an update job, mcts: rows per optimizer step).")
@@ -138,6 +139,12 @@ class ServedLoopConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def version_name(run_id: str, version: int) -> str:
+    """The name the engine serves run ``run_id``'s version ``version`` under (its folder is ``OUTPUT/policy-{v}``):
+    unique to the run, so two runs on one engine never load, serve or unload each other's versions."""
+    return f"{run_id}-policy-{version}"
 
 
 @dataclasses.dataclass
@@ -237,17 +244,17 @@ def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
     return record, iterations
 
 
-def _warm_start(cfg: ServedLoopConfig) -> Served | None:
-    return Served("policy-0", 0, str(Path(cfg.init_adapter).expanduser().resolve())) if cfg.init_adapter else None
+def _warm_start(cfg: ServedLoopConfig, run_id: str) -> Served | None:
+    return Served(version_name(run_id, 0), 0, str(Path(cfg.init_adapter).expanduser().resolve())) if cfg.init_adapter else None
 
 
-def serve_start(engine, cfg, iterations: list[dict[str, Any]], error: type[Exception]) -> Served:
+def serve_start(engine, cfg, run_id: str, iterations: list[dict[str, Any]], error: type[Exception]) -> Served:
     """Load the version to sample with first: the last one served by a resumed run, else the warm start, else the base."""
     if iterations:
         last = iterations[-1]["served_after"]
         start = Served(last["name"], int(last["version"]), last["path"])
     else:
-        start = _warm_start(cfg) or Served(None, 0)
+        start = _warm_start(cfg, run_id) or Served(None, 0)
     if start.name and start.name not in engine.models():
         swap = engine.swap_adapter(start.name, start.path)
         if not swap.loaded:
@@ -255,13 +262,13 @@ def serve_start(engine, cfg, iterations: list[dict[str, Any]], error: type[Excep
     return start
 
 
-def latest_adapter(cfg, iterations: list[dict[str, Any]]) -> Served:
+def latest_adapter(cfg, run_id: str, iterations: list[dict[str, Any]]) -> Served:
     """The newest trained version: what the next update starts from."""
     for it in reversed(iterations):
         if it.get("adapter"):
             version = int(Path(it["adapter"]).name.rsplit("-", 1)[1])
-            return Served(f"policy-{version}", version, it["adapter"])
-    return _warm_start(cfg) or Served(None, 0)
+            return Served(version_name(run_id, version), version, it["adapter"])
+    return _warm_start(cfg, run_id) or Served(None, 0)
 
 
 # ---------------------------------------------------------------------------------------- the engine

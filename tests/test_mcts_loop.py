@@ -42,7 +42,7 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     from halo_train.testing import chat_server_in_process
 
     lake_path, out = tmp_path / "lake", tmp_path / "out"
-    warm = tmp_path / "warm"  # a warm start (an SFT adapter would be one): served as policy-0, its rank kept
+    warm = tmp_path / "warm"  # a warm start (an SFT adapter would be one): served as agentq-policy-0, its rank kept
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -90,9 +90,9 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     adapter = json.loads((out / f"policy-{version}" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)  # trained on from the warm start
     first_search = lake.query_arrow("select adapter from runs where run_id = 'agentq-k0'").to_pylist()
-    assert first_search == [{"adapter": "policy-0"}]  # which the first search sampled with
+    assert first_search == [{"adapter": "agentq-policy-0"}]  # which the first search sampled with
     assert (out / f"policy-{version}" / "learner_state.pt").exists()  # the persistent learner's state beside it
-    assert trained[0]["served_after"]["name"] == f"policy-{version}"
+    assert trained[0]["served_after"]["name"] == f"agentq-policy-{version}"
     for later in iterations[trained[0]["iteration"] + 1:]:  # every later search samples with the new version
         sampled = lake.query_arrow("select distinct policy_version from mcts_nodes where run_id = $r",
                                    {"r": later["search_run"]}).to_pylist()

@@ -111,14 +111,14 @@ def test_three_pipelined_iterations_through_the_chat_servers_runtime_lora_api(ki
     assert [(r["run_id"], r["policy_version"]) for r in versions] == [
         ("online-eval-v3-s100000", "3"), ("online-k0", "0"), ("online-k1", "0"), ("online-k2", "1")]
     eval_run = query(lake, "select adapter, kind from runs where run_id = 'online-eval-v3-s100000'")[0]
-    assert eval_run == {"adapter": "policy-3", "kind": "eval"}
+    assert eval_run == {"adapter": "online-policy-3", "kind": "eval"}
     # --env-options reached every rollout and eval (success=full: a success is every part of the answer right)
     configs = query(lake, "select config from runs where run_id like 'online-k%' or run_id like 'online-eval%'")
     assert [json.loads(c["config"])["env_options"] for c in configs] == [{"success": "full"}] * 4
 
     # One runs row with each iteration's lineage and adapter.
     run = query(lake, "select * from runs where run_id = 'online'")[0]
-    assert (run["status"], run["job_type"], run["adapter"], run["policy_version"]) == ("finished", "online-grpo", "policy-3", "3")
+    assert (run["status"], run["job_type"], run["adapter"], run["policy_version"]) == ("finished", "online-grpo", "online-policy-3", "3")
     iterations = json.loads(run["config"])["iterations"]
     assert [Path(it["adapter"]).name for it in iterations] == ["policy-1", "policy-2", "policy-3"]
     assert [it["sampled_version"] for it in iterations] == [0, 0, 1]
@@ -186,14 +186,24 @@ def test_a_refused_reload_keeps_the_served_version_and_the_data(tiny, tmp_path, 
 
 def test_learner_jobs_trains_each_update_as_a_grpo_job_and_reports_what_it_did(tiny, tmp_path):
     """`--learner jobs` (the job-per-update path `bench online-learner` compares with): each update a `halo-train grpo`
-    job from the newest adapter, its version folder without learner state, its figures recorded as the learner's are."""
+    job from the newest adapter, its version folder without learner state, its figures recorded as the learner's are.
+    A second run on the same engine (the persistent learner) serves its versions under its own names: the first run's
+    version stays loaded from its own folder."""
+    from halo_agent.serving import EngineClient
     from halo_train.online import run_online
 
     with chat_server_in_process(tiny) as url:
         cfg = online_config(tiny, tmp_path, engine_url=url, iterations=1, seeds_per_iteration=2, learner="jobs", train_steps=2)
         summary = run_online(cfg, echo=lambda line: None)
+        other = online_config(tiny, tmp_path / "other", engine_url=url, iterations=1, seeds_per_iteration=2, run_id="other",
+                              lake=cfg.lake)
+        second = run_online(other, echo=lambda line: None)
+        loaded = {name: card.get("root") for name, card in EngineClient(url).models().items()}
+    assert second.served == "other-policy-1"
+    assert loaded == {"tiny": loaded["tiny"], "online-policy-1": str((Path(cfg.output_dir) / "policy-1").resolve()),
+                      "other-policy-1": str((Path(other.output_dir) / "policy-1").resolve())}
     out = Path(cfg.output_dir)
-    assert summary.served == "policy-1" and (out / "policy-1" / "adapter_model.safetensors").exists()
+    assert summary.served == "online-policy-1" and (out / "policy-1" / "adapter_model.safetensors").exists()
     assert not (out / "policy-1" / "learner_state.pt").exists() and not (out / "updates" / "update-1").exists()
     stats = json.loads((out / "policy-1" / "training_stats.json").read_text())
     assert (stats["job_type"], stats["run_id"], stats["global_step"]) == ("grpo", "online-u1", 2)

@@ -40,7 +40,7 @@ def test_two_pipelined_iterations_sample_with_the_served_version_and_train_on_on
     assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1"]
     assert all("{" not in line for line in lines)
     assert "-> policy-1, reload" in lines[0] and "-> policy-2, reload" in lines[1]
-    assert summary.served == "policy-2"
+    assert summary.served == "online-policy-2"
     one, two = lora_weights(out / "policy-1"), lora_weights(out / "policy-2")
     assert any(not torch.equal(one[k], two[k]) for k in one), "the second update changed no adapter weight"
 
@@ -50,7 +50,7 @@ def test_two_pipelined_iterations_sample_with_the_served_version_and_train_on_on
     iterations = json.loads(query(cfg.lake, "select config from runs where run_id = 'online'")[0]["config"])["iterations"]
     assert [it["sampled_version"] for it in iterations] == [0, 0]
     assert iterations[0]["next_rollout"] == {"run": "online-k1", "name": None, "version": 0, "path": None}
-    assert [it["served_after"]["name"] for it in iterations] == ["policy-1", "policy-2"]
+    assert [it["served_after"]["name"] for it in iterations] == ["online-policy-1", "online-policy-2"]
 
     # Update 1 continued policy-1 on iteration 1's rows, sampled by version 0: one version stale, none dropped.
     stats = json.loads((out / "policy-2" / STATS_FILE).read_text())

@@ -317,7 +317,7 @@ def test_one_online_iteration_by_state_samples_scores_trains_and_reloads(tiny, t
     # Trained (LoRA B starts at zero), saved as policy-1 and reloaded into the engine.
     weights = load_file(str(Path(cfg.output_dir) / "policy-1" / "adapter_model.safetensors"))
     assert any(float(w.abs().max()) > 0 for k, w in weights.items() if "lora_B" in k)
-    assert summary.served == "policy-1" and "-> policy-1, reload" in lines[0]
+    assert summary.served == "online-policy-1" and "-> policy-1, reload" in lines[0]
     run = query(lake, "select source_view, status from runs where run_id = 'online'")[0]
     assert run == {"source_view": "state_groups", "status": "finished"}
 

@@ -254,7 +254,7 @@ def test_an_online_grpo_iteration_with_the_tiny_vlm_served_by_the_chat_server(wo
     iteration = json.loads(run["config"])["iterations"][0]
     if iteration.get("adapter"):  # the group had a reward spread: an update was trained on the images
         stats = json.loads((Path(iteration["adapter"]) / "training_stats.json").read_text())
-        assert stats["vlm"]["image_tokens"] > 0 and summary.served == "policy-1"
+        assert stats["vlm"]["image_tokens"] > 0 and summary.served == "online-vlm-policy-1"
     else:  # the tiny VLM's untrained answers all fail alike: recorded, no update, the base model still served
         assert iteration["update"] == "skipped: every group has zero reward spread" and summary.served is None
 
