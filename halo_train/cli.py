@@ -320,7 +320,7 @@ def _loop_command(name: str, config_cls: type, run: Callable[..., Any], help_tex
         cfg = config_cls(**{k: v for k, v in options.items() if v is not None})
         summary = run(cfg, echo=click.echo)
         metrics_sql = f"select step, metric, value from train_metrics where run_id = '{summary.run_id}' order by step, metric"
-        click.echo(f"run {summary.run_id}: {len(summary.iterations)} iterations, serving {summary.served or 'the base model'}")
+        click.echo(summary.describe(cfg.engine_url))
         click.echo(f"metrics:  {script_command('halo-data', 'query', metrics_sql, '--lake', cfg.lake)}")
 
     for field in reversed(dataclasses.fields(config_cls)):

@@ -90,7 +90,7 @@ def run_mcts(cfg: MCTSConfig, echo: Callable[[str], None] = print) -> OnlineSumm
             it, served, trained = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)
             record = record_iteration(lake, record, cfg, iterations, it, served)
             echo(_describe(it))
-    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
+    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0, served.path)
 
 
 def _iteration(cfg: MCTSConfig, lake: Lake, engine, base_name: str, run_id: str, k: int, served: Served,

@@ -174,7 +174,7 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
             it.pop("_trained")
             record = record_iteration(lake, record, cfg, iterations, it, served)
             echo(_describe(it))
-    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0)
+    return OnlineSummary(run_id, iterations, served.name, time.perf_counter() - t0, served.path)
 
 
 def _next_sampler(iterations: list[dict[str, Any]], served: Served) -> Served:

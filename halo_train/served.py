@@ -160,8 +160,17 @@ class Served:
 class OnlineSummary:
     run_id: str
     iterations: list[dict[str, Any]]
-    served: str | None
+    served: str | None  # the engine's name for the version served at the end (None: the base model)
     seconds: float
+    served_path: str | None = None  # that version's adapter folder
+
+    def describe(self, engine_url: str | None) -> str:
+        """The run's last line: its iterations and the version it ends with, where the engine still serves it
+        (``--engine-url``) or served it last (``--serve`` stops the engine with the run)."""
+        version = f"{self.served} ({self.served_path})" if self.served else "the base model"
+        where = f"{engine_url} serves" if engine_url else "last served"
+        count = f"{len(self.iterations)} iteration{'' if len(self.iterations) == 1 else 's'}"
+        return f"run {self.run_id}: {count}; {where} {version}"
 
 
 @contextlib.contextmanager

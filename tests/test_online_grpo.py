@@ -103,6 +103,8 @@ def test_three_pipelined_iterations_through_the_chat_servers_runtime_lora_api(ki
     assert [line.split(":")[0] for line in lines] == ["iteration 0", "iteration 1", "iteration 2"]
     assert all("{" not in line for line in lines)
     assert all(f"-> policy-{k + 1}, reload" in line for k, line in enumerate(lines))
+    # The last line names the version the run ended with and its folder (--serve: the engine stopped with the run).
+    assert f"run online: 3 iterations; last served online-policy-3 ({(out / 'policy-3').resolve()})" in killed_and_resumed["stdout"]
 
     # Rows carry the version that sampled them: rollout 1 overlapped update 0 and was sampled by version 0, the one
     # still served (before the kill and after it); rollout 2 by version 1; the held-out eval after iteration 2 by policy-3.
@@ -200,6 +202,7 @@ def test_learner_jobs_trains_each_update_as_a_grpo_job_and_reports_what_it_did(t
         second = run_online(other, echo=lambda line: None)
         loaded = {name: card.get("root") for name, card in EngineClient(url).models().items()}
     assert second.served == "other-policy-1"
+    assert second.describe(url) == f"run other: 1 iteration; {url} serves other-policy-1 ({loaded['other-policy-1']})"
     assert loaded == {"tiny": loaded["tiny"], "online-policy-1": str((Path(cfg.output_dir) / "policy-1").resolve()),
                       "other-policy-1": str((Path(other.output_dir) / "policy-1").resolve())}
     out = Path(cfg.output_dir)
