@@ -58,7 +58,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from halo_data.lake import Lake
 from halo_data.prompts import OBSERVATION_FORMATS
@@ -77,6 +77,10 @@ GROUP_BY = ("episode", "state")  # attempts of one task seed (grpo_groups) | can
 
 @dataclasses.dataclass
 class OnlineConfig(ServedLoopConfig):
+    # Evaluation and pipelining change what a resumed run measures and when, not what it trains on.
+    RESUME_MAY_CHANGE: ClassVar[frozenset[str]] = ServedLoopConfig.RESUME_MAY_CHANGE | {
+        "pipeline", "eval_every", "eval_tasks", "eval_seeds", "eval_attempts", "eval_seed_start", "eval_temperature"}
+
     output_dir: str = _field("out/online", "Where policy-{v} adapter folders go.")
     group_size: int = _field(8, "Attempts per task and task seed: one GRPO group.")
     max_episode_steps: int = _field(5, "Steps per episode.")

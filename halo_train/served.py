@@ -24,11 +24,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from halo_data.cli_support import key_values
 from halo_data.lake import Lake
-from halo_data.runs import RunRecord, existing_run, upsert_runs, utc_now
+from halo_data.runs import RunRecord, existing_run, redact_mapping, upsert_runs, utc_now
 from halo_train.config import LearnerOptions, TrainConfigError, _field, _looks_like_local_path, resolve_base_model
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,13 @@ class OnlineError(TrainConfigError):
 @dataclasses.dataclass
 class ServedLoopConfig:
     """What every loop over a served policy shares (online-grpo, mcts): the model, the engine, the tasks, the lake."""
+
+    # What a --resume may give anew: how far the run goes, its engine, its progress bars, and where its lake and
+    # folder are (it is found there). Every other option makes the run's data or its updates: a resumed run keeps
+    # the ones it started with (start_record refuses others).
+    RESUME_MAY_CHANGE: ClassVar[frozenset[str]] = frozenset({
+        "iterations", "engine_url", "engine_wait", "serve", "engine", "vllm_args", "progress", "lake", "output_dir",
+        "resume", "run_id"})
 
     base_model: str = _field("", "Base model folder, known model name (halo-train models) or hub id the engine serves and the updates train on.")
     env: str = _field("miniwob", "Environment (miniwob).")
@@ -235,6 +242,8 @@ def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
         raise error(f"run {run_id!r} already exists in {cfg.lake}: pass --resume to continue it, or choose another --run-id")
     if existing is None and cfg.resume:
         raise error(f"run {run_id!r} is not in {cfg.lake}: start it without --resume")
+    if existing is not None:
+        _check_resumed_options(cfg, json.loads(existing.get("config") or "{}"), run_id, error)
     iterations = json.loads(existing.get("config") or "{}").get("iterations", []) if existing else []
     for it in iterations:  # a recorded adapter that is gone cannot be served or continued from
         path = it["served_after"]["path"]
@@ -251,6 +260,22 @@ def start_record(cfg, lake: Lake, run_id: str, job_type: str, source_view: str,
     if iterations:  # killed after recording the iteration and before writing its metrics: write them now
         _write_metrics(lake, run_id, iterations[-1]["iteration"], iterations[-1]["metrics"])
     return record, iterations
+
+
+def _check_resumed_options(cfg, recorded: dict[str, Any], run_id: str, error: type[Exception]) -> None:
+    """A resumed run goes on as it started: each option outside ``RESUME_MAY_CHANGE`` that the run's record holds
+    (a record older than an option holds none of it) must be the recorded value."""
+    given = json.loads(json.dumps(redact_mapping(cfg.to_dict()), sort_keys=True, default=str))  # as the record stores it
+    changed = [name for name in sorted(recorded)
+               if name in given and name not in cfg.RESUME_MAY_CHANGE and given[name] != recorded[name]]
+    if changed:
+        shown = ", ".join(f"--{name.replace('_', '-')} {_option_text(given[name])} (it started with "
+                          f"{_option_text(recorded[name])})" for name in changed)
+        raise error(f"--resume continues run {run_id!r} with the options it started with: {shown}; give those, or start a new run")
+
+
+def _option_text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _warm_start(cfg: ServedLoopConfig, run_id: str) -> Served | None:

@@ -382,6 +382,16 @@ def test_a_run_that_cannot_start_or_resume_changes_nothing(tiny, tmp_path):
     with pytest.raises(OnlineError, match="run 'other' is not in .*: start it without --resume"):
         run_online(online_config(tiny, tmp_path, serve=True, resume=True, run_id="other"))
     assert (tmp_path / "out" / STATE_FILE).read_text() == state and '"run_id": "online"' in state
+    # A --resume that would train the run differently from how it started: refused, the run's record as it was.
+    before = query(str(tmp_path / "lake"), "select config from runs where run_id = 'online'")
+    with pytest.raises(OnlineError, match=r"--resume continues run 'online' with the options it started with: "
+                                          r"--group-size 2 \(it started with 4\), --lr 0.5 \(it started with 0.01\); give those"):
+        run_online(online_config(tiny, tmp_path, serve=True, resume=True, group_size=2, lr=0.5))
+    assert query(str(tmp_path / "lake"), "select config from runs where run_id = 'online'") == before
+    # How far it goes, its evaluations and its engine may change.
+    resumed = online_config(tiny, tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True, iterations=5, eval_every=1)
+    record, done = start_record(resumed, Lake.open(tmp_path / "lake"), "online", "online-grpo", "grpo_groups", OnlineError)
+    assert (record.run_id, done, json.loads(record.row()["config"])["eval_every"]) == ("online", [], 1)
 
 
 def test_constrained_decoding_on_the_compact_page_every_answer_parses(tiny, tmp_path):
