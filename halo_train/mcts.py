@@ -45,7 +45,7 @@ from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
     OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine, record_iteration,
-    serve_start, start_record, update_version, version_name,
+    resumed_line, serve_start, start_record, update_version, version_name,
 )
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ def run_mcts(cfg: MCTSConfig, echo: Callable[[str], None] = print) -> OnlineSumm
     record, iterations = start_record(cfg, lake, run_id, "mcts", "dpo_pairs", MCTSError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
         served = serve_start(engine, cfg, run_id, iterations, MCTSError)
+        if iterations:
+            echo(resumed_line(run_id, iterations, cfg.iterations, served))
         trained = latest_adapter(cfg, run_id, iterations)
         for k in range(len(iterations), cfg.iterations):
             it, served, trained = _iteration(cfg, lake, engine, base_name, run_id, k, served, trained)

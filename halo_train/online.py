@@ -67,7 +67,7 @@ from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _fi
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (
     OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine,
-    record_iteration, serve_start, start_record, update_version, version_name,
+    record_iteration, resumed_line, serve_start, start_record, update_version, version_name,
 )
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ def run_online(cfg: OnlineConfig, echo: Callable[[str], None] = print) -> Online
     record, iterations = start_record(cfg, lake, run_id, "online-grpo", GRPO_GROUP_VIEWS[cfg.group_by], OnlineError)
     with marks_status(lake, lambda: record), open_engine(cfg, out) as (engine, base_name):
         served = serve_start(engine, cfg, run_id, iterations, OnlineError)
+        if iterations:
+            echo(resumed_line(run_id, iterations, cfg.iterations, served))
         trained = latest_adapter(cfg, run_id, iterations)
         loop = _pipelined if cfg.pipeline else _sequential
         for it in loop(cfg, lake, engine, base_name, run_id, len(iterations), served, trained, _next_sampler(iterations, served)):

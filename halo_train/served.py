@@ -296,6 +296,13 @@ def serve_start(engine, cfg, run_id: str, iterations: list[dict[str, Any]], erro
     return start
 
 
+def resumed_line(run_id: str, iterations: list[dict[str, Any]], total: int, served: Served) -> str:
+    """What a --resume goes on from: the iterations recorded (a kill may have come before the last one's line was
+    printed) and the version it samples with."""
+    return (f"resuming run {run_id}: iterations 0-{len(iterations) - 1} of {total} recorded, "
+            f"serving {served.name or 'the base model'}")
+
+
 def latest_adapter(cfg, run_id: str, iterations: list[dict[str, Any]]) -> Served:
     """The newest trained version: what the next update starts from."""
     for it in reversed(iterations):

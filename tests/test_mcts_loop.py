@@ -71,6 +71,15 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     # A line is printed once its iteration is recorded, never twice (a kill between the two loses the line, not the record).
     printed = [line.split(":")[0] for line in lines]
     assert printed == sorted(set(printed)) and printed[-1] == "iteration 1", lines
+    # The resume's first line says how many iterations the killed run recorded: those it printed, or one more.
+    killed_lines = [line for line in (tmp_path / "killed.out").read_text().splitlines() if line.startswith("iteration ")]
+    first_line = done.stdout.splitlines()[0]
+    if first_line.startswith("resuming"):
+        recorded = int(first_line.split("iterations 0-")[1].split()[0]) + 1
+        assert first_line.startswith("resuming run agentq: iterations 0-") and " of 2 recorded, serving " in first_line
+        assert recorded in (len(killed_lines), len(killed_lines) + 1), (first_line, killed_lines)
+    else:
+        assert first_line.startswith("iteration 0:") and not killed_lines
 
     lake = Lake.open(lake_path)
     trees = lake.query_arrow("select run_id, count(distinct tree_id) as trees, count(*) = count(distinct (tree_id, node_id)) as once, "
