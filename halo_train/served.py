@@ -1,6 +1,6 @@
 """What every loop over a served policy shares (online-grpo, mcts, ppo): its config, the engine, the run's record.
 
-    from halo_train.served import ServedLoopConfig, open_engine
+    from halo_train.served import ServedLoopConfig, open_engine, version_name
     with open_engine(cfg, Path("out/online")) as (engine, base_name):   # vLLM on a GPU, HALO's chat server on CPU
         engine.swap_adapter(version_name("online-20261206T120000", 1), "out/online/policy-1", retire=None)
 
