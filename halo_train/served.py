@@ -269,13 +269,19 @@ def _check_resumed_options(cfg, recorded: dict[str, Any], run_id: str, error: ty
     changed = [name for name in sorted(recorded)
                if name in given and name not in cfg.RESUME_MAY_CHANGE and given[name] != recorded[name]]
     if changed:
-        shown = ", ".join(f"--{name.replace('_', '-')} {_option_text(given[name])} (it started with "
-                          f"{_option_text(recorded[name])})" for name in changed)
+        shown = ", ".join(f"{_as_option(name, given[name])} (it started with {_as_option(name, recorded[name])})"
+                          for name in changed)
         raise error(f"--resume continues run {run_id!r} with the options it started with: {shown}; give those, or start a new run")
 
 
-def _option_text(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+def _as_option(name: str, value: Any) -> str:
+    """An option's value as the command line gives it: ``--group-size 4``, ``--no-share-prompts``, ``no --train-steps``."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{flag}" if value else f"--no-{flag}"
+    if value is None:
+        return f"no --{flag}"
+    return f"--{flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
 
 
 def _warm_start(cfg: ServedLoopConfig, run_id: str) -> Served | None:

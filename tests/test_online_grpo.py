@@ -385,8 +385,10 @@ def test_a_run_that_cannot_start_or_resume_changes_nothing(tiny, tmp_path):
     # A --resume that would train the run differently from how it started: refused, the run's record as it was.
     before = query(str(tmp_path / "lake"), "select config from runs where run_id = 'online'")
     with pytest.raises(OnlineError, match=r"--resume continues run 'online' with the options it started with: "
-                                          r"--group-size 2 \(it started with 4\), --lr 0.5 \(it started with 0.01\); give those"):
-        run_online(online_config(tiny, tmp_path, serve=True, resume=True, group_size=2, lr=0.5))
+                                          r"--group-size 2 \(it started with --group-size 4\), --lr 0.5 \(it started with "
+                                          r"--lr 0.01\), --no-share-prompts \(it started with --share-prompts\), no "
+                                          r"--train-steps \(it started with --train-steps 1\); give those"):
+        run_online(online_config(tiny, tmp_path, serve=True, resume=True, group_size=2, lr=0.5, share_prompts=False, train_steps=None))
     assert query(str(tmp_path / "lake"), "select config from runs where run_id = 'online'") == before
     # How far it goes, its evaluations and its engine may change.
     resumed = online_config(tiny, tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True, iterations=5, eval_every=1)
