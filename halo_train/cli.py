@@ -343,8 +343,8 @@ def _mcts_command() -> click.Command:
 ONLINE_HELP = """Online GRPO: sample with the served policy version, land the steps in the lake, update from
 grpo_groups (dr_grpo), save OUTPUT/policy-{v+1}, reload it into the engine as RUN-policy-{v+1}, repeat.
 
-Train task seeds are --train-seed-start + iteration; held-out seeds start at --eval-seed-start
-and must lie past them (checked). --group-by episode (default): a group is the --group-size
+Iteration k trains on task seeds --train-seed-start + k * N ... (N = --seeds-per-iteration); held-out
+seeds start at --eval-seed-start and must lie past them (checked). --group-by episode (default): a group is the --group-size
 attempts of one task seed. --group-by state: at each visited state the policy samples
 --candidates-per-state actions (8) in one call, each is executed from the state restored by replay
 and scored with the dense reward, and the update reads these per-state groups (state_groups); a

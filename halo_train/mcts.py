@@ -66,7 +66,7 @@ class MCTSConfig(ServedLoopConfig, SearchOptions):
     lr: float = _field(5e-5, "Learning rate of each DPO update.")
     beta: float = _field(0.1, "DPO beta.")
     run_id: str | None = _field(None, "Run id (default: mcts-<UTC time>; --resume reads it from OUTPUT).")
-    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
+    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration, with the options it started with (--iterations and the engine may change).")
 
     def __post_init__(self) -> None:
         self.check_served_loop(MCTSError)

@@ -114,7 +114,7 @@ class OnlineConfig(ServedLoopConfig):
     eval_attempts: int = _field(2, "Attempts per held-out task seed.")
     eval_temperature: float | None = _field(None, "Sampling temperature of the held-out evaluation (0: each step's most likely action; default: --temperature).")
     run_id: str | None = _field(None, "Run id of the online run (default: online-<UTC time>; --resume reads it from OUTPUT).")
-    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration.")
+    resume: bool = _field(False, "Continue the run in OUTPUT from its last complete iteration, with the options it started with (--iterations, the engine, --eval-* and --pipeline may change).")
     pipeline: bool = _field(False, "Overlap iteration k+1's rollout (sampled by the version still served) with iteration k's update (a spawned process); each update then trains on rows one version stale, so --max-staleness must be at least 1.")
 
     def __post_init__(self) -> None:
