@@ -82,6 +82,9 @@ def _option_for(field: dataclasses.Field, hint: Any) -> Callable:
     base = next((a for a in origin_args if a is not type(None)), str)
     if field.name == "params":  # --set, as in halo-data query and export (-p there is a SQL parameter)
         return click.option("--set", "params", multiple=True, metavar="NAME=VALUE", help=help_text)
+    if field.name == "env_options":  # comma-separated, or repeated as halo-agent rollout takes them (--env-option K=V)
+        return click.option(name, "--env-option", "env_options", multiple=True, metavar="KEY=VALUE[,KEY=VALUE]",
+                            callback=lambda ctx, param, given: ",".join(given) if given else None, help=help_text)
     if base is bool:
         return click.option(f"{name}/--no-{field.name.replace('_', '-')}", default=None, help=help_text)
     choices = field.metadata.get("choices")

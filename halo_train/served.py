@@ -82,7 +82,7 @@ class ServedLoopConfig:
     coordinate_scale: float | None = _field(
         None, "A vision-language base model's coordinate grid (1000 for Qwen3-VL's 0..1000); pixels by default."
     )
-    env_options: list = _field([], "Environment options, KEY=VALUE, comma-separated (halo-agent rollout's --env-option), e.g. success=full.")
+    env_options: list = _field([], "Environment options, KEY=VALUE, comma-separated or repeated (--env-option KEY=VALUE, as halo-agent rollout takes them), e.g. success=full.")
     train_seed_start: int = _field(0, "First train task seed: iteration k trains on train_seed_start + k * N ... (online-grpo, N = --seeds-per-iteration), + k * task_seeds on (mcts).")
     seed: int = _field(0, "Seed of sampling and training.")
     lake: str = _field("lake", "Lake root.")
