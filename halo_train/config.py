@@ -409,6 +409,9 @@ class LearnerOptions:
     max_grad_norm: float = 1.0
     measure_rows: int = 16  # rows the KL and entropy after an update are measured on (a forward pass each); 0: none
     share_prompts: bool = True  # a state's rows share one minibatch and one forward pass of their prompt
+    # Stop an update once a minibatch's approximate KL(current || sampling policy) passes 1.5 x this, before its step
+    # (Stable-Baselines3's and CleanRL's target_kl); None: every row is trained on. GRPO updates (DPO has no ratios).
+    target_kl: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
@@ -418,6 +421,8 @@ class LearnerOptions:
             raise TrainConfigError(f"--train-steps caps an update's optimizer steps: give 1 or more, not {self.max_steps}")
         if self.warmup_steps < 0:
             raise TrainConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise TrainConfigError(f"--target-kl must be positive (or left out: no early stop), got {self.target_kl}")
 
 
 def config_fields(cls: type[TrainConfig]) -> list[dataclasses.Field]:

@@ -164,15 +164,15 @@ class Learner:
         step_log: list[dict[str, float]] = []
         trained: set[int] = set()
         prompts = [_prompt_ids(row) for row in rows] if self._shares_prompts(rows) else None
+        stop_kl: float | None = None  # the approximate KL that stopped the update early (--target-kl)
         t0 = time.perf_counter()
         for _ in range(opts.epochs_per_update):
-            if opts.max_steps is not None and len(step_log) >= opts.max_steps:
+            if stop_kl is not None or (opts.max_steps is not None and len(step_log) >= opts.max_steps):
                 break
             for minibatch in _chunks(self._epoch_order(rows, prompts), opts.mini_batch_size):
                 if opts.max_steps is not None and len(step_log) >= opts.max_steps:
                     break
                 self.optimizer.zero_grad(set_to_none=True)
-                trained.update(minibatch)
                 sums: dict[str, float] = {}
                 for micro in _chunks(_pass_order(minibatch, rows, prompts), opts.batch_size):
                     batch = _to_device(collate([rows[i] for i in micro]), self.model.device)
@@ -181,6 +181,11 @@ class Learner:
                     (loss * share).backward()
                     for key, value in {"loss": float(loss.detach()), **stats}.items():
                         sums[key] = sums.get(key, 0.0) + share * float(value)
+                if opts.target_kl is not None and sums.get("approx_kl", 0.0) > 1.5 * opts.target_kl:
+                    stop_kl = sums["approx_kl"]  # the policy has moved as far from the sampling one as allowed
+                    self.optimizer.zero_grad(set_to_none=True)
+                    break
+                trained.update(minibatch)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, opts.max_grad_norm)
                 lr = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
@@ -213,6 +218,7 @@ class Learner:
             **measured,
             "update_train_seconds": train_seconds,
             "update_measure_seconds": measure_seconds,
+            **({"early_stopped": float(stop_kl is not None), "stop_kl": stop_kl or 0.0} if opts.target_kl is not None else {}),
         }
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
 

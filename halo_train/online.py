@@ -527,6 +527,8 @@ def _describe(it: dict[str, Any]) -> str:
         text += f"; no update ({it['update']})"
     else:
         trained = f"{int(m['rows_trained'])} rows, " if "rows_trained" in m else ""
+        if m.get("early_stopped"):  # --target-kl ended it before every row was trained on
+            trained = f"{int(m['rows_trained'])} of {int(m['rows_read'])} rows (stopped at KL {m['stop_kl']:.3g}), "
         moved = f", moved {m['displacement_from_previous']:.3g}" if "displacement_from_previous" in m else ""
         text += f"; update {trained}{m.get('update_seconds', 0):.1f} s{moved} -> {Path(it['adapter']).name}"
         text += f", reload {m['reload_seconds']:.2f} s" if it["served_after"]["path"] == it["adapter"] else f"; {it['reload']}"

@@ -72,6 +72,7 @@ class ServedLoopConfig:
     mini_batch_size: int = _field(_LEARNER.mini_batch_size, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(_LEARNER.warmup_steps, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     share_prompts: bool = _field(_LEARNER.share_prompts, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
+    target_kl: float | None = _field(_LEARNER.target_kl, "Persistent learner: end an update early, before the step of the first minibatch whose approximate KL(current || sampling policy) passes 1.5 x this (Stable-Baselines3's target_kl; GRPO updates); default: none, every row is trained on.")
     init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as RUN-policy-0 and trained on.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
@@ -125,6 +126,8 @@ class ServedLoopConfig:
             raise error(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.learner not in LEARNERS:
             raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
+        if self.target_kl is not None and self.learner != "persistent":
+            raise error(f"--target-kl stops the persistent learner's updates early: drop it with --learner {self.learner}")
         try:
             self.learner_options()
         except TrainConfigError as e:
@@ -138,7 +141,7 @@ class ServedLoopConfig:
         """How the persistent learner trains each update of this loop (--epochs-per-update, --mini-batch-size, ...)."""
         return LearnerOptions(epochs_per_update=self.epochs_per_update, mini_batch_size=self.mini_batch_size,
                               batch_size=self.batch_size, max_steps=self.train_steps, warmup_steps=self.warmup_steps,
-                              share_prompts=self.share_prompts)
+                              share_prompts=self.share_prompts, target_kl=self.target_kl)
 
     def job_steps(self) -> int | None:
         """An update's optimizer steps: the --train-steps cap (the persistent learner: none by default), 2 for a job."""

@@ -52,6 +52,31 @@ def test_an_update_trains_every_row_in_minibatches_and_moves_the_adapter(setup):
     assert second.metrics["learning_rate"] == pytest.approx(0.01)
 
 
+def test_target_kl_ends_an_update_before_the_step_that_would_pass_it(tmp_path, tiny_lora_models):
+    """--target-kl: a minibatch whose approximate KL(current || sampling policy) is past 1.5 x the target takes no
+    step, and the update ends there (its rows untrained, the figures saying so); under a loose target every row
+    trains as without one."""
+    torch.set_num_threads(1)
+    lake = Lake.init(tmp_path / "lake")
+    # Stored logprobs far above what the model gives these actions: the policy is already far from the sampler's.
+    write_fixture_episodes(lake, run_id=RUN, logprob_fn=lambda prompt, action: -0.01)
+    cfg = GRPOConfig(lake=str(tmp_path / "lake"), base_model=tiny_lora_models[0], lr=0.01, lora_r=4, lora_alpha=8,
+                     lora_dropout=0.0, target_modules=["q_proj", "v_proj"], runs=[RUN], output_dir=str(tmp_path / "out"))
+    strict = Learner.start(cfg, LearnerOptions(mini_batch_size=8, batch_size=4, target_kl=0.01))
+    before = weights(strict)
+    stopped = strict.update(cfg)
+    m = stopped.metrics
+    assert m["early_stopped"] == 1.0 and m["stop_kl"] > 1.5 * 0.01
+    assert (stopped.optimizer_steps, stopped.rows, m["rows_trained"], strict.step) == (0, 0, 0.0, 0) and m["rows_read"] == 16
+    assert all(torch.equal(before[k], v) for k, v in weights(strict).items())  # no step taken
+    loose = Learner.start(cfg, LearnerOptions(mini_batch_size=8, batch_size=4, target_kl=1e6))
+    trained = loose.update(cfg)
+    assert (trained.metrics["early_stopped"], trained.optimizer_steps, trained.rows) == (0.0, 2, 16)
+    assert trained.step_log[0]["approx_kl"] > 1.5 * 0.01  # the strict learner's stop was on this KL
+    with pytest.raises(Exception, match="--target-kl must be positive"):
+        LearnerOptions(target_kl=0.0)
+
+
 def dpo_config(cfg: GRPOConfig):
     """The fixture's DPO pairs, trained by the same learner (halo-train mcts's updates)."""
     from halo_train.config import DPOConfig
