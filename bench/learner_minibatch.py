@@ -2,9 +2,11 @@
 
     .venv/bin/python -m bench learner-minibatch --workdir runs/learner-minibatch      # the protocol's runs
     .venv/bin/python -m bench learner-minibatch --seeds 0 --iterations 2 --tasks click-option --workdir runs/lm-small
+    .venv/bin/python -m bench learner-kl-guard --workdir runs/learner-kl-guard         # 4 rows a step with --target-kl
 
 The question, the design and the decision rule are in ``bench/protocols/learner-minibatch.md``, committed before the
-first run. Each (minibatch size, training seed) is its own online run (``halo-train online-grpo --serve --engine
+first run (``bench/protocols/learner-kl-guard.md`` for ``learner-kl-guard``: the same runs and rule, each arm a
+minibatch size and a ``--target-kl``, ``--target-kls``). Each (minibatch size, training seed) is its own online run (``halo-train online-grpo --serve --engine
 chat``, the persistent learner, omega 1) with its own lake, from the same base model: seed ``s`` samples and trains
 with ``--seed s`` on task seeds from ``--train-seed-start + s * --seed-stride``, one new task seed an iteration;
 every run is evaluated on the same dev seeds after iterations 4 and 8. A seed's runs are interleaved iteration by
@@ -38,11 +40,14 @@ MAX_KL = 0.05  # no update's approximate KL(new || old) above this
 MAX_CLIP = 0.1  # mean clip fraction at most this, on every seed
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench learner-minibatch", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, name: str = "learner-minibatch", target_kls: str = "none,none",
+         workdir: str = "runs/learner-minibatch") -> None:
+    ap = argparse.ArgumentParser(prog=f"python -m bench {name}", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--tasks", default=TASKS)
     ap.add_argument("--mini-batch-sizes", default="8,4", help="Rows per optimizer step, the default first, then the candidate.")
+    ap.add_argument("--target-kls", default=target_kls,
+                    help="Each arm's --target-kl, in the order of --mini-batch-sizes (none: no early stop).")
     ap.add_argument("--seeds", default="0,1,2", help="Training seeds.")
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
@@ -54,9 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-seeds", type=int, default=4)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--batch-size", type=int, default=8, help="Rows per forward pass.")
-    ap.add_argument("--workdir", default="runs/learner-minibatch", help="Lakes, adapters and logs of the runs (resumed).")
+    ap.add_argument("--workdir", default=workdir, help="Lakes, adapters and logs of the runs (resumed).")
     a = ap.parse_args(argv)
     sizes = _ints(ap, a.mini_batch_sizes, "--mini-batch-sizes")
+    arms = _arms(ap, sizes, a.target_kls)
     seeds = _ints(ap, a.seeds, "--seeds")
     last_train_seed = a.train_seed_start + max(seeds) * a.seed_stride + a.iterations - 1
     if a.iterations > a.seed_stride or last_train_seed >= a.eval_seed_start:
@@ -66,24 +72,26 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(a.workdir)
     runs: dict[str, dict] = {}
     for seed in seeds:
-        arms = {size: _arm(a, size, seed, work) for size in sizes}
+        running = {label: _arm(a, size, kl, label, seed, work) for label, (size, kl) in arms.items()}
         for k in range(a.iterations):
-            for size, (ns, cfg, folder) in arms.items():
-                run_iterations(f"mb{size}-s{seed}", cfg, k + 1)
-        for size, (ns, cfg, folder) in arms.items():
-            runs[f"mb{size}-s{seed}"] = {"mini_batch_size": size, "seed": seed, "train_seed_start": ns.train_seed_start,
-                                         **arm_results(ns, "persistent", cfg, folder), **counts(cfg, a.iterations)}
+            for label, (ns, cfg, folder) in running.items():
+                run_iterations(f"mb{label}-s{seed}", cfg, k + 1)
+        for label, (ns, cfg, folder) in running.items():
+            runs[f"mb{label}-s{seed}"] = {"arm": label, "mini_batch_size": ns.mini_batch_size, "target_kl": ns.target_kl,
+                                          "seed": seed, "train_seed_start": ns.train_seed_start,
+                                          **arm_results(ns, "persistent", cfg, folder), **counts(cfg, a.iterations)}
     load_after = os.getloadavg()
     summary = {"options": vars(a), "load_before": load_before, "load_after": load_after, "cores": os.cpu_count(),
-               "runs": runs, "sizes": {str(size): by_size(runs, size, a.iterations) for size in sizes}}
+               "runs": runs, "sizes": {label: by_size(runs, label, a.iterations) for label in arms}}
     started = {r["commit"] for r in runs.values()}
     if len(started) == 1:  # the commit every run started at, not the checkout's at the end
         summary["commit"] = started.pop()
-    if len(sizes) == 2:
-        summary["comparison"] = compare(*(summary["sizes"][str(size)] for size in sizes), *sizes)
-    print_summary(summary, sizes)
+    if len(arms) == 2:
+        summary["comparison"] = compare(*(summary["sizes"][label] for label in arms), *arms)
+        summary["comparison"]["decision_options"] = _options(*arms[summary["comparison"]["decision"]])
+    print_summary(summary, list(arms))
     print(f"load average after: {load_after[0]:.2f}")
-    out = save("learner-minibatch", summary, argv)
+    out = save(name, summary, argv)
     print(f"{time.perf_counter() - t0:.0f} s; results in {out}")
 
 
@@ -97,11 +105,33 @@ def _ints(ap: argparse.ArgumentParser, text: str, flag: str) -> list[int]:
     return values
 
 
-def _arm(a: argparse.Namespace, size: int, seed: int, work: Path):
-    """The persistent learner's online run at ``size`` rows an optimizer step, training seed ``seed``."""
-    ns = argparse.Namespace(**{**vars(a), "mini_batch_size": size, "seed": seed, "train_steps": None,
+def _arms(ap: argparse.ArgumentParser, sizes: list[int], text: str) -> dict[str, tuple[int, float | None]]:
+    """Each arm's label (``8``; ``4+kl0.02`` with a --target-kl) and its (minibatch size, --target-kl)."""
+    given = [x.strip() for x in text.split(",") if x.strip()]
+    if len(given) == 1:
+        given *= len(sizes)
+    try:
+        kls = [None if x == "none" else float(x) for x in given]
+    except ValueError:
+        ap.error(f"--target-kls takes numbers or none separated by commas, got {text!r}")
+    if len(kls) != len(sizes) or any(kl is not None and kl <= 0 for kl in kls):
+        ap.error(f"--target-kls takes one positive number or none per --mini-batch-sizes entry ({len(sizes)}), got {text!r}")
+    arms = {f"{size}" if kl is None else f"{size}+kl{kl:g}": (size, kl) for size, kl in zip(sizes, kls)}
+    if len(arms) != len(sizes):
+        ap.error("each arm (a minibatch size and a --target-kl) must be given once")
+    return arms
+
+
+def _options(size: int, kl: float | None) -> str:
+    return f"--mini-batch-size {size}" + (f" --target-kl {kl:g}" if kl is not None else "")
+
+
+def _arm(a: argparse.Namespace, size: int, kl: float | None, label: str, seed: int, work: Path):
+    """The persistent learner's online run at ``size`` rows an optimizer step and ``kl`` as --target-kl, training
+    seed ``seed``."""
+    ns = argparse.Namespace(**{**vars(a), "mini_batch_size": size, "target_kl": kl, "seed": seed, "train_steps": None,
                                "train_seed_start": a.train_seed_start + seed * a.seed_stride})
-    folder = work / f"mb{size}" / f"s{seed}"
+    folder = work / f"mb{label}" / f"s{seed}"
     return ns, arm_config(ns, "persistent", folder), folder
 
 
@@ -126,12 +156,13 @@ def counts(cfg, iterations: int) -> dict:
     return {"sampled": sampled, "dev": [[version, *dev[version]] for version in sorted(dev)]}
 
 
-def by_size(runs: dict, size: int, iterations: int) -> dict:
-    """One size's figures over its seeds: the primary measure pooled and per seed, dev success at each evaluation
-    pooled, and the update's KL, clip fraction, displacement, steps and seconds per row."""
+def by_size(runs: dict, label: str | int, iterations: int) -> dict:
+    """One arm's figures over its seeds (``label``: its minibatch size, ``4+kl0.02`` with a --target-kl): the primary
+    measure pooled and per seed, dev success at each evaluation pooled, and the update's KL, clip fraction,
+    displacement, steps and seconds per row."""
     from halo_data.stats import wilson
 
-    mine = [r for r in runs.values() if r["mini_batch_size"] == size]
+    mine = [r for r in runs.values() if r.get("arm", str(r["mini_batch_size"])) == str(label)]
     half = iterations // 2
     primary = [[sum(s for s, _ in r["sampled"][half:]), sum(n for _, n in r["sampled"][half:])] for r in mine]
     s, n = sum(x for x, _ in primary), sum(x for _, x in primary)
@@ -162,7 +193,7 @@ def by_size(runs: dict, size: int, iterations: int) -> dict:
     }
 
 
-def compare(d: dict, c: dict, default: int, candidate: int) -> dict:
+def compare(d: dict, c: dict, default: str, candidate: str) -> dict:
     """candidate − default, from their :func:`by_size` figures ``c`` and ``d``: the primary measure (Newcombe,
     pooled; Welch, over the seeds' rates), dev success after the last evaluation (Newcombe), the candidate's
     stability, and the protocol's decision."""
@@ -190,7 +221,7 @@ def compare(d: dict, c: dict, default: int, candidate: int) -> dict:
     return out
 
 
-def print_summary(summary: dict, sizes: list[int]) -> None:
+def print_summary(summary: dict, labels: list[str]) -> None:
     def pct(x) -> str:
         return "-" if x is None else f"{x:.1%}"
 
@@ -199,10 +230,10 @@ def print_summary(summary: dict, sizes: list[int]) -> None:
         sampled = " ".join(f"{s}/{n}" for s, n in r["sampled"])
         dev = ", ".join(f"v{v}: {s}/{n}" for v, s, n in r["dev"])
         print(f"{name:<10} {sampled:<50} {dev}")
-    for size in sizes:
-        x = summary["sizes"][str(size)]
+    for label in labels:
+        x = summary["sizes"][label]
         p = x["primary"]
-        print(f"mini-batch {size}: sampled success, iterations {p['iterations'][0]}-{p['iterations'][1]}: "
+        print(f"mini-batch {label}: sampled success, iterations {p['iterations'][0]}-{p['iterations'][1]}: "
               f"{p['successes']}/{p['episodes']} {pct(p['rate'])} [{pct(p['wilson'][0])}, {pct(p['wilson'][1])}]; dev "
               + ", ".join(f"{pct(e['rate'])} ({e['successes']}/{e['episodes']})" for e in x["dev"])
               + f"; KL mean {x['approx_kl_mean'] or 0:.4f} max {x['approx_kl_max'] or 0:.4f}; moved "
@@ -211,7 +242,7 @@ def print_summary(summary: dict, sizes: list[int]) -> None:
         c = summary["comparison"]
         d, lo, hi = c["primary_pooled"]
         print(f"{c['candidate']} - {c['default']}: primary {d:+.1%} [{lo:+.1%}, {hi:+.1%}] (pooled); checks "
-              + ", ".join(f"{k} {v}" for k, v in c["checks"].items()) + f"; decision: --mini-batch-size {c['decision']}")
+              + ", ".join(f"{k} {v}" for k, v in c["checks"].items()) + f"; decision: {c['decision_options']}")
 
 
 if __name__ == "__main__":

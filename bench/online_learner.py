@@ -127,7 +127,8 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
         train_steps=a.train_steps if ARMS[arm]["learner"] == "jobs" else None,
         serve=True, engine="chat", constrain_actions=True, observation="elements",
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"), lake=str(work / "lake"),
-        output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, seed=getattr(a, "seed", 0), **ARMS[arm],
+        output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, seed=getattr(a, "seed", 0),
+        target_kl=getattr(a, "target_kl", None), **ARMS[arm],
     )
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.learner_minibatch import by_size, compare
+from bench.learner_minibatch import _arms, _options, by_size, compare
 from bench.reports.learner_minibatch import report
 
 ITERATIONS = 4
@@ -81,3 +81,22 @@ def test_report_reads_the_saved_result(tmp_path):
     assert "4 − 8 rows a step, sampled success in iterations 3–4: +5.2 [" in text
     assert "decision: `--mini-batch-size 4`" in text
     assert "| mb4-s2 | 4 | 2 | 302000 | 10/48 12/48 18/48 18/48 | v2 8/24, v4 9/24 | aaaaaaaaaa |" in text
+
+
+def test_kl_guard_arms_are_a_size_and_a_target_kl_each():
+    """bench learner-kl-guard (bench/protocols/learner-kl-guard.md): arms labelled by their options, and the decision
+    given as the options that become the defaults."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    arms = _arms(ap, [8, 4], "none,0.02")
+    assert arms == {"8": (8, None), "4+kl0.02": (4, 0.02)}
+    assert [_options(*arm) for arm in arms.values()] == ["--mini-batch-size 8", "--mini-batch-size 4 --target-kl 0.02"]
+    assert _arms(ap, [8, 4], "none") == {"8": (8, None), "4": (4, None)}  # learner-minibatch's arms
+    runs = _runs(candidate_sampled=18, candidate_dev=9, candidate_kl=0.02)
+    for name in [n for n in runs if n.startswith("mb4-")]:
+        runs[name]["arm"] = "4+kl0.02"
+    c = compare(by_size(runs, "8", ITERATIONS), by_size(runs, "4+kl0.02", ITERATIONS), "8", "4+kl0.02")
+    assert c["decision"] == "4+kl0.02" and by_size(runs, "4+kl0.02", ITERATIONS)["primary"]["episodes"] == 3 * 96
+    with pytest.raises(SystemExit):
+        _arms(ap, [8, 4], "none,0")  # a target must be positive

@@ -52,11 +52,12 @@ def report(results_dir: pathlib.Path) -> str:
                          f"{_signed(*c['primary_seed_means'])} over the seeds' rates [Welch]")
             if "dev_last_pooled" in c:
                 lines.append(f"dev success after the last evaluation: {_signed(*c['dev_last_pooled'])} [Newcombe]")
+            decision = c.get("decision_options") or f"--mini-batch-size {c['decision']}"
             checks = {"primary_not_lower": "primary estimate not lower", "dev_within_margin": f"dev within {100 * DEV_MARGIN:g} points",
                       "stable": "KL and clip fraction within bounds"}
             lines.append("the protocol's checks: " + ", ".join(
                 f"{checks.get(k, k)} {'yes' if v else 'no'}" for k, v in c["checks"].items())
-                + f"; decision: `--mini-batch-size {c['decision']}`")
+                + f"; decision: `{decision}`")
         lines.append(f"{provenance(run)}; load {run['load_before'][0]:.1f} before, {run['load_after'][0]:.1f} after")
         out.append("\n".join(f"- {line}" for line in lines) + "\n")
     return "\n".join(out)
