@@ -45,7 +45,7 @@ from halo_data.runs import existing_run
 from halo_train.config import DPOConfig, TrainConfigError, _field
 from halo_train.served import (
     OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine, record_iteration,
-    resumed_line, serve_start, start_record, update_version, version_name,
+    resumed_line, serve_start, start_record, update_version,
 )
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def _update(cfg: MCTSConfig, lake: Lake, search_run: str, trained: Served, run_i
     metrics = {**(stats.get("metrics") or {}), **(stats.get("update_metrics") or {})}  # the trainer's loss, margins; the update's figures
     kept = ("loss", "rewards/margins", "rewards/accuracies", "rows_trained", "optimizer_steps", "displacement_from_previous",
             "update_seconds")
-    return (Served(version_name(run_id, version), version, str(final.resolve())),
+    return (Served.version_of(run_id, version, final.resolve()),
             {"run_id": dpo.run_id, "lineage": stats.get("lineage"), "metrics": {m: metrics[m] for m in kept if m in metrics}})
 
 

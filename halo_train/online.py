@@ -67,7 +67,7 @@ from halo_train.config import GRPO_GROUP_VIEWS, GRPO_LOSS_TYPES, GRPOConfig, _fi
 from halo_train.data import EmptyViewError, NoTrainingSignalError
 from halo_train.served import (
     OnlineError, OnlineSummary, Served, ServedLoopConfig, latest_adapter, loop_run_id, marks_status, open_engine,
-    record_iteration, resumed_line, serve_start, start_record, update_version, version_name,
+    record_iteration, resumed_line, serve_start, start_record, update_version,
 )
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ def _conclude(cfg, engine, base_name, run_id, k, it: dict[str, Any], metrics: di
         it["update"] = "skipped: every group has zero reward spread" if flat else (
             f"skipped: v{sampler.version}'s rows are staler than --max-staleness {cfg.max_staleness} for v{trained.version}")
     else:
-        new = Served(version_name(run_id, trained.version + 1), trained.version + 1, str(update["adapter"]))
+        new = Served.version_of(run_id, trained.version + 1, update["adapter"])
         it.update(adapter=new.path, train_run=update["run_id"], lineage=update["lineage"], update="trained")
         metrics.update(update["metrics"])
         swap = engine.swap_adapter(new.name, new.path, retire=served.name)

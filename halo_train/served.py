@@ -165,6 +165,11 @@ class Served:
     version: int
     path: str | None = None
 
+    @classmethod
+    def version_of(cls, run_id: str, version: int, path: str | Path) -> "Served":
+        """Version ``version`` of run ``run_id``, its adapter in ``path``, under the run's name for it."""
+        return cls(version_name(run_id, version), version, str(path))
+
 
 @dataclasses.dataclass
 class OnlineSummary:
@@ -288,7 +293,7 @@ def _as_option(name: str, value: Any) -> str:
 
 
 def _warm_start(cfg: ServedLoopConfig, run_id: str) -> Served | None:
-    return Served(version_name(run_id, 0), 0, str(Path(cfg.init_adapter).expanduser().resolve())) if cfg.init_adapter else None
+    return Served.version_of(run_id, 0, Path(cfg.init_adapter).expanduser().resolve()) if cfg.init_adapter else None
 
 
 def serve_start(engine, cfg, run_id: str, iterations: list[dict[str, Any]], error: type[Exception]) -> Served:
@@ -308,7 +313,9 @@ def serve_start(engine, cfg, run_id: str, iterations: list[dict[str, Any]], erro
 def resumed_line(run_id: str, iterations: list[dict[str, Any]], total: int, served: Served) -> str:
     """What a --resume goes on from: the iterations recorded (a kill may have come before the last one's line was
     printed) and the version it samples with."""
-    return (f"resuming run {run_id}: iterations 0-{len(iterations) - 1} of {total} recorded, "
+    done = len(iterations)
+    todo = f"{total - done} more to do" if total > done else f"none more to do at --iterations {total}"
+    return (f"resuming run {run_id}: iterations 0-{done - 1} recorded, {todo}, "
             f"serving {served.name or 'the base model'}")
 
 
@@ -317,7 +324,7 @@ def latest_adapter(cfg, run_id: str, iterations: list[dict[str, Any]]) -> Served
     for it in reversed(iterations):
         if it.get("adapter"):
             version = int(Path(it["adapter"]).name.rsplit("-", 1)[1])
-            return Served(version_name(run_id, version), version, it["adapter"])
+            return Served.version_of(run_id, version, it["adapter"])
     return _warm_start(cfg, run_id) or Served(None, 0)
 
 
