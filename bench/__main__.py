@@ -10,6 +10,7 @@ COMMANDS = {
     "online-learner": ("bench.online_learner", "online GRPO: a job per update against the persistent learner (omega 1 and 0)"),
     "learner-minibatch": ("bench.learner_minibatch", "the persistent learner at 8 rows an optimizer step against 4, three training seeds (bench/protocols/learner-minibatch.md)"),
     "learner-kl-guard": ("bench.learner_kl_guard", "the persistent learner at 4 rows an optimizer step with --target-kl 0.02 against its default, three training seeds (bench/protocols/learner-kl-guard.md)"),
+    "learner-warmup": ("bench.learner_warmup", "the persistent learner at 4 rows an optimizer step with --target-kl 0.02 and --warmup-steps 16 against its default, three training seeds (bench/protocols/learner-warmup.md)"),
     "adam-steps": ("bench.adam_steps", "how far AdamW moves the weights per update, fresh per update (a job) against kept across updates"),
     "ray": ("bench.ray_rollout", "Ray workers against the local pool"),
     "os": ("bench.os_env", "the os environment's sandbox and rollout speed"),

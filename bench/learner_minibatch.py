@@ -3,10 +3,12 @@
     .venv/bin/python -m bench learner-minibatch --workdir runs/learner-minibatch      # the protocol's runs
     .venv/bin/python -m bench learner-minibatch --seeds 0 --iterations 2 --tasks click-option --workdir runs/lm-small
     .venv/bin/python -m bench learner-kl-guard --workdir runs/learner-kl-guard         # 4 rows a step with --target-kl
+    .venv/bin/python -m bench learner-warmup --workdir runs/learner-warmup             # ... and --warmup-steps 16
 
 The question, the design and the decision rule are in ``bench/protocols/learner-minibatch.md``, committed before the
 first run (``bench/protocols/learner-kl-guard.md`` for ``learner-kl-guard``: the same runs and rule, each arm a
-minibatch size and a ``--target-kl``, ``--target-kls``). Each (minibatch size, training seed) is its own online run (``halo-train online-grpo --serve --engine
+minibatch size and a ``--target-kl``, ``--target-kls``; ``bench/protocols/learner-warmup.md`` for ``learner-warmup``,
+each arm ``--warmup-steps`` as well). Each (minibatch size, training seed) is its own online run (``halo-train online-grpo --serve --engine
 chat``, the persistent learner, omega 1) with its own lake, from the same base model: seed ``s`` samples and trains
 with ``--seed s`` on task seeds from ``--train-seed-start + s * --seed-stride``, one new task seed an iteration;
 every run is evaluated on the same dev seeds after iterations 4 and 8. A seed's runs are interleaved iteration by
@@ -29,6 +31,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from bench.online_learner import _mean, arm_config, arm_results, run_iterations, start
 from bench.reports import save
@@ -41,13 +44,15 @@ MAX_CLIP = 0.1  # mean clip fraction at most this, on every seed
 
 
 def main(argv: list[str] | None = None, name: str = "learner-minibatch", target_kls: str = "none,none",
-         workdir: str = "runs/learner-minibatch") -> None:
+         warmup_steps: str = "0,0", workdir: str = "runs/learner-minibatch") -> None:
     ap = argparse.ArgumentParser(prog=f"python -m bench {name}", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--tasks", default=TASKS)
     ap.add_argument("--mini-batch-sizes", default="8,4", help="Rows per optimizer step, the default first, then the candidate.")
     ap.add_argument("--target-kls", default=target_kls,
                     help="Each arm's --target-kl, in the order of --mini-batch-sizes (none: no early stop).")
+    ap.add_argument("--warmup-steps", default=warmup_steps,
+                    help="Each arm's --warmup-steps, in the order of --mini-batch-sizes (0: none).")
     ap.add_argument("--seeds", default="0,1,2", help="Training seeds.")
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None, name: str = "learner-minibatch", target_
     ap.add_argument("--workdir", default=workdir, help="Lakes, adapters and logs of the runs (resumed).")
     a = ap.parse_args(argv)
     sizes = _ints(ap, a.mini_batch_sizes, "--mini-batch-sizes")
-    arms = _arms(ap, sizes, a.target_kls)
+    arms = _arms(ap, sizes, a.target_kls, a.warmup_steps)
     seeds = _ints(ap, a.seeds, "--seeds")
     last_train_seed = a.train_seed_start + max(seeds) * a.seed_stride + a.iterations - 1
     if a.iterations > a.seed_stride or last_train_seed >= a.eval_seed_start:
@@ -72,12 +77,13 @@ def main(argv: list[str] | None = None, name: str = "learner-minibatch", target_
     work = Path(a.workdir)
     runs: dict[str, dict] = {}
     for seed in seeds:
-        running = {label: _arm(a, size, kl, label, seed, work) for label, (size, kl) in arms.items()}
+        running = {label: _arm(a, arm, label, seed, work) for label, arm in arms.items()}
         for k in range(a.iterations):
             for label, (ns, cfg, folder) in running.items():
                 run_iterations(f"mb{label}-s{seed}", cfg, k + 1)
         for label, (ns, cfg, folder) in running.items():
             runs[f"mb{label}-s{seed}"] = {"arm": label, "mini_batch_size": ns.mini_batch_size, "target_kl": ns.target_kl,
+                                          "warmup_steps": ns.warmup_steps,
                                           "seed": seed, "train_seed_start": ns.train_seed_start,
                                           **arm_results(ns, "persistent", cfg, folder), **counts(cfg, a.iterations)}
     load_after = os.getloadavg()
@@ -105,31 +111,46 @@ def _ints(ap: argparse.ArgumentParser, text: str, flag: str) -> list[int]:
     return values
 
 
-def _arms(ap: argparse.ArgumentParser, sizes: list[int], text: str) -> dict[str, tuple[int, float | None]]:
-    """Each arm's label (``8``; ``4+kl0.02`` with a --target-kl) and its (minibatch size, --target-kl)."""
-    given = [x.strip() for x in text.split(",") if x.strip()]
-    if len(given) == 1:
-        given *= len(sizes)
-    try:
-        kls = [None if x == "none" else float(x) for x in given]
-    except ValueError:
-        ap.error(f"--target-kls takes numbers or none separated by commas, got {text!r}")
-    if len(kls) != len(sizes) or any(kl is not None and kl <= 0 for kl in kls):
-        ap.error(f"--target-kls takes one positive number or none per --mini-batch-sizes entry ({len(sizes)}), got {text!r}")
-    arms = {f"{size}" if kl is None else f"{size}+kl{kl:g}": (size, kl) for size, kl in zip(sizes, kls)}
+def _arms(ap: argparse.ArgumentParser, sizes: list[int], kls_text: str,
+          warmups_text: str = "0") -> dict[str, tuple[int, float | None, int]]:
+    """Each arm's label (``8``; ``4+kl0.02`` with a --target-kl; ``4+kl0.02+wu16`` with --warmup-steps too) and its
+    (minibatch size, --target-kl, --warmup-steps)."""
+    def per_arm(text: str, flag: str, parse: Callable[[str], Any], valid: Callable[[Any], bool], what: str) -> list:
+        given = [x.strip() for x in text.split(",") if x.strip()]
+        if len(given) == 1:
+            given *= len(sizes)
+        try:
+            values = [parse(x) for x in given]
+        except ValueError:
+            ap.error(f"{flag} takes {what} separated by commas, got {text!r}")
+        if len(values) != len(sizes) or not all(valid(v) for v in values):
+            ap.error(f"{flag} takes one {what.removesuffix('s')} per --mini-batch-sizes entry ({len(sizes)}), got {text!r}")
+        return values
+
+    kls = per_arm(kls_text, "--target-kls", lambda x: None if x == "none" else float(x),
+                  lambda kl: kl is None or kl > 0, "positive numbers or none")
+    warmups = per_arm(warmups_text, "--warmup-steps", int, lambda w: w >= 0, "integers 0 or more")
+    arms = {_label(*arm): arm for arm in zip(sizes, kls, warmups)}
     if len(arms) != len(sizes):
-        ap.error("each arm (a minibatch size and a --target-kl) must be given once")
+        ap.error("each arm (a minibatch size, a --target-kl and --warmup-steps) must be given once")
     return arms
 
 
-def _options(size: int, kl: float | None) -> str:
-    return f"--mini-batch-size {size}" + (f" --target-kl {kl:g}" if kl is not None else "")
+def _label(size: int, kl: float | None, warmup: int) -> str:
+    return f"{size}" + (f"+kl{kl:g}" if kl is not None else "") + (f"+wu{warmup}" if warmup else "")
 
 
-def _arm(a: argparse.Namespace, size: int, kl: float | None, label: str, seed: int, work: Path):
-    """The persistent learner's online run at ``size`` rows an optimizer step and ``kl`` as --target-kl, training
-    seed ``seed``."""
-    ns = argparse.Namespace(**{**vars(a), "mini_batch_size": size, "target_kl": kl, "seed": seed, "train_steps": None,
+def _options(size: int, kl: float | None, warmup: int = 0) -> str:
+    return (f"--mini-batch-size {size}" + (f" --target-kl {kl:g}" if kl is not None else "")
+            + (f" --warmup-steps {warmup}" if warmup else ""))
+
+
+def _arm(a: argparse.Namespace, arm: tuple[int, float | None, int], label: str, seed: int, work: Path):
+    """The persistent learner's online run with ``arm``'s rows an optimizer step, --target-kl and --warmup-steps,
+    training seed ``seed``."""
+    size, kl, warmup = arm
+    ns = argparse.Namespace(**{**vars(a), "mini_batch_size": size, "target_kl": kl, "warmup_steps": warmup,
+                               "seed": seed, "train_steps": None,
                                "train_seed_start": a.train_seed_start + seed * a.seed_stride})
     folder = work / f"mb{label}" / f"s{seed}"
     return ns, arm_config(ns, "persistent", folder), folder

@@ -47,7 +47,7 @@ PER_ITERATION = ("displacement_from_previous", "displacement_from_base", "rows_p
                  "optimizer_steps", "update_seconds", "update_cpu_seconds", "update_measure_seconds", "update_load_seconds", "update_train_seconds", "update_save_seconds",
                  "reload_seconds", "anchor_groups_with_spread", "step_advantage_share", "groups_success_spread",
                  "groups_shaping_spread_only", "approx_kl", "entropy", "clip_ratio", "success_rate/train",
-                 "success_rate/heldout", "trainable_groups")
+                 "success_rate/heldout", "trainable_groups", "early_stopped", "stop_kl")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,7 +128,7 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
         serve=True, engine="chat", constrain_actions=True, observation="elements",
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"), lake=str(work / "lake"),
         output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, seed=getattr(a, "seed", 0),
-        target_kl=getattr(a, "target_kl", None), **ARMS[arm],
+        target_kl=getattr(a, "target_kl", None), warmup_steps=getattr(a, "warmup_steps", 0), **ARMS[arm],
     )
 
 

@@ -80,19 +80,25 @@ def test_report_reads_the_saved_result(tmp_path):
     assert "| 8 | 32.3 [" in text and "(93/288)" in text and "| 4 | 37.5 [" in text
     assert "4 − 8 rows a step, sampled success in iterations 3–4: +5.2 [" in text
     assert "decision: `--mini-batch-size 4`" in text
-    assert "| mb4-s2 | 4 | 2 | 302000 | 10/48 12/48 18/48 18/48 | v2 8/24, v4 9/24 | aaaaaaaaaa |" in text
+    assert "| mb4-s2 | 4 | 2 | 302000 | 10/48 12/48 18/48 18/48 | v2 8/24, v4 9/24 | 0.010 0.020 0.010 0.010 | aaaaaaaaaa |" in text
+    runs["mb4-s2"]["per_iteration"]["early_stopped"] = [0.0, 1.0, 0.0, None]  # --target-kl stopped the second update
+    (tmp_path / "20261206-190000.json").write_text(json.dumps(result))
+    assert "| 0.010 0.020* 0.010 0.010 | aaaaaaaaaa |" in report(tmp_path)
 
 
-def test_kl_guard_arms_are_a_size_and_a_target_kl_each():
-    """bench learner-kl-guard (bench/protocols/learner-kl-guard.md): arms labelled by their options, and the decision
+def test_arms_are_a_size_a_target_kl_and_a_warmup_each():
+    """bench learner-kl-guard and learner-warmup (bench/protocols/): arms labelled by their options, and the decision
     given as the options that become the defaults."""
     import argparse
 
     ap = argparse.ArgumentParser()
     arms = _arms(ap, [8, 4], "none,0.02")
-    assert arms == {"8": (8, None), "4+kl0.02": (4, 0.02)}
+    assert arms == {"8": (8, None, 0), "4+kl0.02": (4, 0.02, 0)}
     assert [_options(*arm) for arm in arms.values()] == ["--mini-batch-size 8", "--mini-batch-size 4 --target-kl 0.02"]
-    assert _arms(ap, [8, 4], "none") == {"8": (8, None), "4": (4, None)}  # learner-minibatch's arms
+    assert _arms(ap, [8, 4], "none") == {"8": (8, None, 0), "4": (4, None, 0)}  # learner-minibatch's arms
+    warmup = _arms(ap, [8, 4], "none,0.02", "0,16")  # bench learner-warmup (bench/protocols/learner-warmup.md)
+    assert warmup == {"8": (8, None, 0), "4+kl0.02+wu16": (4, 0.02, 16)}
+    assert _options(*warmup["4+kl0.02+wu16"]) == "--mini-batch-size 4 --target-kl 0.02 --warmup-steps 16"
     runs = _runs(candidate_sampled=18, candidate_dev=9, candidate_kl=0.02)
     for name in [n for n in runs if n.startswith("mb4-")]:
         runs[name]["arm"] = "4+kl0.02"
@@ -100,3 +106,5 @@ def test_kl_guard_arms_are_a_size_and_a_target_kl_each():
     assert c["decision"] == "4+kl0.02" and by_size(runs, "4+kl0.02", ITERATIONS)["primary"]["episodes"] == 3 * 96
     with pytest.raises(SystemExit):
         _arms(ap, [8, 4], "none,0")  # a target must be positive
+    with pytest.raises(SystemExit):
+        _arms(ap, [8, 4], "none", "0,-1")  # a warm-up is 0 steps or more

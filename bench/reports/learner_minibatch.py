@@ -40,10 +40,10 @@ def report(results_dir: pathlib.Path) -> str:
                           "s per trained row"], rows))
         per_run = [[name, r["mini_batch_size"], r["seed"], r["train_seed_start"],
                     " ".join(f"{s}/{n}" for s, n in r["sampled"]),
-                    ", ".join(f"v{v} {s}/{n}" for v, s, n in r["dev"]) or "–", r["commit"][:10]]
+                    ", ".join(f"v{v} {s}/{n}" for v, s, n in r["dev"]) or "–", _kls(r["per_iteration"]), r["commit"][:10]]
                    for name, r in run["runs"].items()]
         out.append(table(["run", "rows a step", "seed", "first task seed", "sampled successes / episodes by iteration",
-                          "dev", "commit"], per_run))
+                          "dev", "KL(new‖old) by update (*: the guard stopped it)", "commit"], per_run))
         lines = []
         c = run.get("comparison")
         if c:
@@ -61,3 +61,9 @@ def report(results_dir: pathlib.Path) -> str:
         lines.append(f"{provenance(run)}; load {run['load_before'][0]:.1f} before, {run['load_after'][0]:.1f} after")
         out.append("\n".join(f"- {line}" for line in lines) + "\n")
     return "\n".join(out)
+
+
+def _kls(per: dict) -> str:
+    """Each update's approximate KL(new || old), starred where --target-kl stopped it early."""
+    stopped = per.get("early_stopped") or [None] * len(per["approx_kl"])
+    return " ".join(_num(kl, ".3f") + ("*" if stop else "") for kl, stop in zip(per["approx_kl"], stopped))
