@@ -120,6 +120,21 @@ def test_a_resumed_learner_makes_the_same_next_adapter_as_an_uninterrupted_one(s
     assert any(not torch.allclose(b, lora_weights(Learner.resume(cfg, options, folder).model)[n][1]) for n, (_, b, _) in got.items())
 
 
+def test_warmup_raises_the_rate_step_by_step_across_updates_and_a_resume(setup, tmp_path):
+    """--warmup-steps: the learning rate rises linearly over the run's first optimizer steps, whichever update they
+    fall in, and a resumed learner goes on from the step it saved, then holds the rate constant."""
+    cfg, _ = setup
+    options = LearnerOptions(mini_batch_size=8, batch_size=4, warmup_steps=3)
+    learner = Learner.start(cfg, options)
+    first = learner.update(cfg)
+    assert [s["learning_rate"] for s in first.step_log] == pytest.approx([0.01 / 4, 0.01 * 2 / 4])
+    folder = learner.save(tmp_path / "out" / "policy-1")
+    resumed = Learner.resume(cfg, options, folder)
+    second = resumed.update(cfg)
+    assert [s["learning_rate"] for s in second.step_log] == pytest.approx([0.01 * 3 / 4, 0.01])
+    assert [s["learning_rate"] for s in resumed.update(cfg).step_log] == pytest.approx([0.01, 0.01])
+
+
 def test_resume_refuses_a_folder_without_learner_state(setup, tmp_path):
     from halo_train.config import TrainConfigError
 
