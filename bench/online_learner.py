@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 
 from bench.reports import head_commit, save
+from halo_train.config import LearnerOptions
+
+LEARNER = LearnerOptions()  # online-grpo's persistent learner as it ships
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = {
@@ -65,7 +68,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=5e-5, help="learning-v1's online rate, in every arm.")
     ap.add_argument("--train-steps", type=int, default=4, help="jobs arm: optimizer steps per update job (learning-v1's).")
     ap.add_argument("--batch-size", type=int, default=8, help="jobs arm: rows per step; persistent: rows per forward pass.")
-    ap.add_argument("--mini-batch-size", type=int, default=8, help="persistent arms: rows per optimizer step (learning-v2's).")
+    ap.add_argument("--mini-batch-size", type=int, default=LEARNER.mini_batch_size,
+                    help="persistent arms: rows per optimizer step (online-grpo's default).")
+    ap.add_argument("--target-kl", type=float, default=LEARNER.target_kl or 0.0,
+                    help="persistent arms: --target-kl (online-grpo's default; 0: no early stop).")
+    ap.add_argument("--warmup-steps", type=int, default=LEARNER.warmup_steps,
+                    help="persistent arms: --warmup-steps (online-grpo's default).")
     ap.add_argument("--workdir", default="runs/online-learner", help="Lakes, adapters and logs of the arms (resumed).")
     a = ap.parse_args(argv)
     t0, load_before = start()
@@ -119,6 +127,7 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
     first = json.loads(started.read_text())
     if first["commit"] != commit:
         print(f"  note: {arm} started at {first['commit'][:10]}, continues at {commit[:10]}", flush=True)
+    persistent = ARMS[arm]["learner"] == "persistent"
     return OnlineConfig(
         base_model=a.model, tasks=[t.strip() for t in a.tasks.split(",") if t.strip()], iterations=a.iterations,
         group_size=a.group_size, max_episode_steps=a.max_episode_steps, train_seed_start=a.train_seed_start,
@@ -128,7 +137,9 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
         serve=True, engine="chat", constrain_actions=True, observation="elements",
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"), lake=str(work / "lake"),
         output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, seed=getattr(a, "seed", 0),
-        target_kl=getattr(a, "target_kl", None), warmup_steps=getattr(a, "warmup_steps", 0), **ARMS[arm],
+        # The persistent learner's options (None, 0: none); a job per update has none of them.
+        target_kl=(getattr(a, "target_kl", None) or None) if persistent else None,
+        warmup_steps=getattr(a, "warmup_steps", 0) if persistent else 0, **ARMS[arm],
     )
 
 

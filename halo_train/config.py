@@ -401,17 +401,18 @@ class LearnerOptions:
     """How the persistent learner trains each update (the rest, loss and data, comes from the update's GRPOConfig)."""
 
     epochs_per_update: int = 1
-    mini_batch_size: int = 8  # rows per optimizer step
+    mini_batch_size: int = 4  # rows per optimizer step (bench/protocols/learner-warmup.md)
     batch_size: int = 4  # rows per forward pass; mini_batch_size / batch_size passes are accumulated
     max_steps: int | None = None  # most optimizer steps per update (a cap); None: every row, epochs_per_update times
-    warmup_steps: int = 0  # linear warm-up over the run's first optimizer steps, then constant
+    warmup_steps: int = 16  # linear warm-up over the run's first optimizer steps, then constant
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     measure_rows: int = 16  # rows the KL and entropy after an update are measured on (a forward pass each); 0: none
     share_prompts: bool = True  # a state's rows share one minibatch and one forward pass of their prompt
     # Stop an update once a minibatch's approximate KL(current || sampling policy) passes 1.5 x this, before its step
-    # (Stable-Baselines3's and CleanRL's target_kl); None: every row is trained on. GRPO updates (DPO has no ratios).
-    target_kl: float | None = None
+    # (Stable-Baselines3's and CleanRL's target_kl); None (0 on the command line): every row is trained on. GRPO
+    # updates (DPO has no ratios).
+    target_kl: float | None = 0.02
 
     def __post_init__(self) -> None:
         for name in ("epochs_per_update", "mini_batch_size", "batch_size"):
@@ -421,8 +422,10 @@ class LearnerOptions:
             raise TrainConfigError(f"--train-steps caps an update's optimizer steps: give 1 or more, not {self.max_steps}")
         if self.warmup_steps < 0:
             raise TrainConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise TrainConfigError(f"--target-kl must be positive (or left out: no early stop), got {self.target_kl}")
+        if self.target_kl is not None and not self.target_kl >= 0:
+            raise TrainConfigError(f"--target-kl must be positive, or 0 for no early stop, got {self.target_kl}")
+        if self.target_kl == 0:
+            self.target_kl = None
 
 
 def config_fields(cls: type[TrainConfig]) -> list[dataclasses.Field]:

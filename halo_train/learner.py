@@ -159,6 +159,7 @@ class Learner:
         else:
             rows, collate, loss_of, lineage, extra = self._grpo_rows(cfg)
         opts = self.options
+        guarded = opts.target_kl is not None and not isinstance(cfg, DPOConfig)  # a DPO pair has no sampling ratio
         before = lora_weights(self.model)
         self.model.train()
         step_log: list[dict[str, float]] = []
@@ -181,7 +182,7 @@ class Learner:
                     (loss * share).backward()
                     for key, value in {"loss": float(loss.detach()), **stats}.items():
                         sums[key] = sums.get(key, 0.0) + share * float(value)
-                if opts.target_kl is not None and sums.get("approx_kl", 0.0) > 1.5 * opts.target_kl:
+                if guarded and sums.get("approx_kl", 0.0) > 1.5 * opts.target_kl:
                     stop_kl = sums["approx_kl"]  # the policy has moved as far from the sampling one as allowed
                     self.optimizer.zero_grad(set_to_none=True)
                     break
@@ -218,7 +219,7 @@ class Learner:
             **measured,
             "update_train_seconds": train_seconds,
             "update_measure_seconds": measure_seconds,
-            **({"early_stopped": float(stop_kl is not None), "stop_kl": stop_kl or 0.0} if opts.target_kl is not None else {}),
+            **({"early_stopped": float(stop_kl is not None), "stop_kl": stop_kl or 0.0} if guarded else {}),
         }
         return UpdateResult(len(trained), len(step_log), lineage, extra, metrics, step_log)
 

@@ -72,7 +72,7 @@ class ServedLoopConfig:
     mini_batch_size: int = _field(_LEARNER.mini_batch_size, "Persistent learner: rows per optimizer step (--mini-batch-size / --batch-size forward passes, gradients accumulated).")
     warmup_steps: int = _field(_LEARNER.warmup_steps, "Persistent learner: linear learning-rate warm-up over the run's first optimizer steps, then constant.")
     share_prompts: bool = _field(_LEARNER.share_prompts, "Persistent learner: keep a state's rows in one minibatch and run its prompt once for all of them (the same gradient, less work).")
-    target_kl: float | None = _field(_LEARNER.target_kl, "Persistent learner: end an update early, before the step of the first minibatch whose approximate KL(current || sampling policy) passes 1.5 x this (Stable-Baselines3's target_kl; GRPO updates); default: none, every row is trained on.")
+    target_kl: float | None = _field(_LEARNER.target_kl, "Persistent learner: end an update early, before the step of the first minibatch whose approximate KL(current || sampling policy) passes 1.5 x this (Stable-Baselines3's target_kl; GRPO updates); 0: none, every row is trained on.")
     init_adapter: str | None = _field(None, "Warm start: a PEFT adapter folder (e.g. SFT) served as RUN-policy-0 and trained on.")
     lora_r: int = _field(16, "LoRA rank of a fresh adapter (a warm start keeps its own).")
     lora_alpha: int = _field(32, "LoRA alpha of a fresh adapter (scale = alpha / r; a warm start keeps its own).")
@@ -126,8 +126,6 @@ class ServedLoopConfig:
             raise error(f"--init-adapter {self.init_adapter} is not a PEFT adapter folder (no adapter_config.json)")
         if self.learner not in LEARNERS:
             raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
-        if self.target_kl is not None and self.learner != "persistent":
-            raise error(f"--target-kl stops the persistent learner's updates early: drop it with --learner {self.learner}")
         try:
             self.learner_options()
         except TrainConfigError as e:
@@ -287,8 +285,8 @@ def _as_option(name: str, value: Any) -> str:
     flag = name.replace("_", "-")
     if isinstance(value, bool):
         return f"--{flag}" if value else f"--no-{flag}"
-    if value is None:
-        return f"no --{flag}"
+    if value is None:  # --target-kl's "none" is 0 on the command line (its default is a target)
+        return f"--{flag} 0" if name == "target_kl" else f"no --{flag}"
     return f"--{flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
 
 

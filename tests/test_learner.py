@@ -23,7 +23,7 @@ def setup(tmp_path, tiny_lora_models):
     write_fixture_episodes(lake, run_id=RUN)
     cfg = GRPOConfig(lake=str(tmp_path / "lake"), base_model=tiny_lora_models[0], lr=0.01, lora_r=4, lora_alpha=8,
                      lora_dropout=0.0, target_modules=["q_proj", "v_proj"], runs=[RUN], output_dir=str(tmp_path / "out"))
-    return cfg, LearnerOptions(mini_batch_size=8, batch_size=4)
+    return cfg, LearnerOptions(mini_batch_size=8, batch_size=4, warmup_steps=0, target_kl=None)
 
 
 def weights(learner: Learner) -> dict[str, torch.Tensor]:
@@ -73,8 +73,9 @@ def test_target_kl_ends_an_update_before_the_step_that_would_pass_it(tmp_path, t
     trained = loose.update(cfg)
     assert (trained.metrics["early_stopped"], trained.optimizer_steps, trained.rows) == (0.0, 2, 16)
     assert trained.step_log[0]["approx_kl"] > 1.5 * 0.01  # the strict learner's stop was on this KL
-    with pytest.raises(Exception, match="--target-kl must be positive"):
-        LearnerOptions(target_kl=0.0)
+    assert LearnerOptions(target_kl=0.0).target_kl is None  # --target-kl 0: no early stop
+    with pytest.raises(Exception, match="--target-kl must be positive, or 0 for no early stop"):
+        LearnerOptions(target_kl=-0.01)
 
 
 def dpo_config(cfg: GRPOConfig):

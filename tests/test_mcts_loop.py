@@ -110,6 +110,7 @@ def test_search_pairs_dpo_reload_search_again_and_resume_after_kill_9(tiny, tmp_
     metrics = lake.query_arrow("select step, metric, count(*) as n from train_metrics where run_id = 'agentq' group by all").to_pylist()
     assert {m["n"] for m in metrics} == {1}  # nothing written twice
     assert {"trees", "pairs", "solved_rate/search", "reload_seconds", "loss"} <= {m["metric"] for m in metrics}
+    assert not {"early_stopped", "stop_kl"} & {m["metric"] for m in metrics}  # --target-kl guards GRPO's ratios only
     updates = lake.query_arrow("select run_id, count(*) as n from runs where run_id like 'agentq-u%' group by all order by run_id").to_pylist()
     assert updates == [{"run_id": f"agentq-u{v}", "n": 1} for v in range(1, len(trained) + 1)]
 

@@ -345,9 +345,7 @@ def test_resume_writes_the_metrics_of_an_iteration_killed_between_its_record_and
     (["--serve", "--group-by", "step"], "Error: Invalid value for '--group-by'"),
     (["--serve", "--choice-labels"], "Error: --choice-labels labels the choices of constrained decoding: add --constrain-actions"),
     (["--serve", "--replay-iterations", "0"], "Error: --replay-iterations must be at least 1"),
-    (["--serve", "--learner", "jobs", "--target-kl", "0.02"],
-     "Error: --target-kl stops the persistent learner's updates early: drop it with --learner jobs"),
-    (["--serve", "--target-kl", "0"], "Error: --target-kl must be positive"),
+    (["--serve", "--target-kl", "-0.01"], "Error: --target-kl must be positive, or 0 for no early stop, got -0.01"),
     # Repeated as halo-agent rollout takes them: one list, each KEY=VALUE checked.
     (["--serve", "--env-option", "success=full", "--env-option", "bad"], "Error: --env-options 'bad': write KEY=VALUE"),
     (["--serve", "--epsilon-high", "0"], "Error: --epsilon must lie in (0, 1) and --epsilon-high be positive"),

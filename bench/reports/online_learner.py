@@ -22,7 +22,7 @@ def report(results_dir: pathlib.Path) -> str:
                    f"{o.get('max_episode_steps', '?')} steps per episode, groups of {o.get('group_size', '?')}, "
                    f"{o.get('iterations', '?')} iterations; jobs: {o.get('train_steps', '?')} steps of "
                    f"{o.get('batch_size', '?')} rows an update, persistent: {o.get('mini_batch_size', '?')} rows an "
-                   "optimizer step:\n")
+                   f"optimizer step{_guard(o)}:\n")
         rows = []
         for arm, r in run["arms"].items():
             p = r["per_iteration"]
@@ -93,3 +93,9 @@ def per_iteration(run: dict) -> str:
                        f"{_fmt(p['rows_produced'][k], '.0f')} rows, {_fmt(p['update_seconds'][k], '.0f')} s")
         rows.append(row)
     return table(["iteration", *(f"{arm}: moved, rows trained/produced, update s" for arm in arms)], rows)
+
+
+def _guard(options: dict) -> str:
+    """The persistent arms' --target-kl and --warmup-steps, where the run had them."""
+    given = [f"--{name.replace('_', '-')} {options[name]:g}" for name in ("target_kl", "warmup_steps") if options.get(name)]
+    return f", {' and '.join(given)}" if given else ""
