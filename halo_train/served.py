@@ -127,7 +127,7 @@ class ServedLoopConfig:
         if self.learner not in LEARNERS:
             raise error(f"--learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
         try:
-            self.learner_options()
+            self.target_kl = self.learner_options().target_kl  # --target-kl 0 is None, no guard, in the run's record
         except TrainConfigError as e:
             raise error(str(e)) from None
 

@@ -393,6 +393,14 @@ def test_a_run_that_cannot_start_or_resume_changes_nothing(tiny, tmp_path):
                                           r"--train-steps \(it started with --train-steps 1\); give those"):
         run_online(online_config(tiny, tmp_path, serve=True, resume=True, group_size=2, lr=0.5, share_prompts=False, train_steps=None))
     assert query(str(tmp_path / "lake"), "select config from runs where run_id = 'online'") == before
+    # --target-kl 0 and no target are one option, recorded and compared as none.
+    with pytest.raises(OnlineError, match=r"started with: --target-kl 0 \(it started with --target-kl 0.02\); give"):
+        run_online(online_config(tiny, tmp_path, serve=True, resume=True, target_kl=0.0))
+    unguarded = online_config(tiny, tmp_path, serve=True, target_kl=0.0, run_id="unguarded")
+    start_record(unguarded, Lake.open(tmp_path / "lake"), "unguarded", "online-grpo", "grpo_groups", OnlineError)
+    assert json.loads(query(str(tmp_path / "lake"), "select config from runs where run_id = 'unguarded'")[0]["config"])["target_kl"] is None
+    resumed = online_config(tiny, tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True, target_kl=None, run_id="unguarded")
+    assert start_record(resumed, Lake.open(tmp_path / "lake"), "unguarded", "online-grpo", "grpo_groups", OnlineError)[1] == []
     # How far it goes, its evaluations and its engine may change.
     resumed = online_config(tiny, tmp_path, engine_url="http://127.0.0.1:9/v1", resume=True, iterations=5, eval_every=1)
     record, done = start_record(resumed, Lake.open(tmp_path / "lake"), "online", "online-grpo", "grpo_groups", OnlineError)
