@@ -45,8 +45,8 @@ def arm_config(a: argparse.Namespace, tasks: list[str], arm: str, work: Path, la
     return OnlineConfig(
         base_model=a.model, tasks=tasks, iterations=a.iterations, seeds_per_iteration=1, group_size=a.group_size,
         max_episode_steps=a.steps, observation=arm, constrain_actions=True, temperature=1.0, lr=a.lr, omega=0.0,
-        learner="persistent", epochs_per_update=1, mini_batch_size=8, loss_type="dr_grpo", beta=0.0, epsilon=0.2,
-        lora_r=16, lora_alpha=32, train_seed_start=0, seed=a.seed,
+        learner="persistent", epochs_per_update=1, mini_batch_size=8, target_kl=None, warmup_steps=0,  # learning-v2's
+        loss_type="dr_grpo", beta=0.0, epsilon=0.2, lora_r=16, lora_alpha=32, train_seed_start=0, seed=a.seed,
         eval_every=a.iterations, eval_seeds=a.seeds, eval_seed_start=FIRST_SEED, eval_attempts=1,
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"),
         serve=True, engine="chat", lake=lake, output_dir=str(work / arm), run_id=f"online-{arm}",
