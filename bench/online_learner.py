@@ -137,8 +137,8 @@ def arm_config(a: argparse.Namespace, arm: str, work: Path):
         serve=True, engine="chat", constrain_actions=True, observation="elements",
         reward_config=str(ROOT / "halo_agent" / "configs" / "rewards-success.yaml"), lake=str(work / "lake"),
         output_dir=str(work / "out"), run_id=f"online-{arm}", progress=False, seed=getattr(a, "seed", 0),
-        # The persistent learner's options (None, 0: none); a job per update has none of them.
-        target_kl=(getattr(a, "target_kl", None) or None) if persistent else None,
+        # The persistent learner's options (--target-kl 0: none, as the config records it); a job per update has none.
+        target_kl=getattr(a, "target_kl", None) if persistent else None,
         warmup_steps=getattr(a, "warmup_steps", 0) if persistent else 0, **ARMS[arm],
     )
 
